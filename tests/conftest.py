@@ -1,0 +1,60 @@
+"""Test set-up: four logical CPU devices, so MirroredStrategy has 4 replicas."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["KERAS_BACKEND"] = "tensorflow"
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+LOGICAL_DEVICES = 4
+
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_DEVICES
+)
+
+
+def mirrored(replicas: int) -> tf.distribute.MirroredStrategy:
+    """A MirroredStrategy over the first `replicas` logical CPU devices, with
+    collective keys of its own (tests create many strategies per process)."""
+    from keras_skip import _compat
+
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    _compat.isolate_collective_keys(strategy)
+    return strategy
+
+
+def components(variable) -> list[np.ndarray]:
+    """Every replica's own copy of a (Keras or tf) variable."""
+    import keras
+
+    v = variable.value if isinstance(variable, keras.Variable) else variable
+    if not hasattr(v, "_values"):
+        return [np.asarray(v.numpy())]
+    return [
+        np.asarray(c.numpy())
+        for c in v.distribute_strategy.experimental_local_results(v)
+    ]
+
+
+def max_replica_spread(variables) -> float:
+    """Largest difference between any replica's copy and replica 0's."""
+    spread = 0.0
+    for v in variables:
+        copies = components(v)
+        for c in copies[1:]:
+            spread = max(spread, float(np.abs(c - copies[0]).max()))
+    return spread
+
+
+@pytest.fixture
+def strategy4():
+    return mirrored(4)
+
+
+@pytest.fixture
+def strategy2():
+    return mirrored(2)

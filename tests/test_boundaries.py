@@ -1,0 +1,225 @@
+"""Validation, checkpoints and the model after fit see the averaged model."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import components, max_replica_spread, mirrored
+
+import keras_skip
+
+D = 6
+
+
+def data(n=256, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, D)).astype("float32")
+    y = (x @ rng.normal(size=(D, 1))).astype("float32")
+    return x, y
+
+
+def new_model(strategy, steps_per_execution=1, model_class=keras.Sequential, **skip):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = model_class(
+            [
+                keras.Input((D,)),
+                keras.layers.Dense(8, activation="tanh"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(
+                keras.optimizers.SGD(0.05), **({"interval": 100} | skip)
+            ),
+            loss="mse",
+            steps_per_execution=steps_per_execution,
+        )
+    return model
+
+
+class LastStep(keras.callbacks.Callback):
+    """Before SkipCorrectionCallback, keeps every replica's weights after each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.copies.append([components(v) for v in self.model.trainable_variables])
+
+
+def test_validation_and_epoch_checkpoints_see_the_average(tmp_path):
+    x, y = data()
+    xv, yv = data(64, seed=1)
+    model = new_model(mirrored(4))
+    last = LastStep()
+    checkpoint = keras.callbacks.ModelCheckpoint(
+        str(tmp_path / "e{epoch}.weights.h5"), save_weights_only=True
+    )
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_data=(xv, yv),
+        callbacks=[last, checkpoint, keras_skip.SkipCorrectionCallback()],
+    )
+    # Interval 100: only boundary averages; the replicas were apart before.
+    assert (
+        max(
+            float(np.abs(c - copies[0]).max())
+            for copies in last.copies[-1]
+            for c in copies
+        )
+        > 1e-4
+    )
+    average = [np.mean(copies, axis=0) for copies in last.copies[-1]]
+    for got, expected in zip(model.get_weights(), average, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    assert max_replica_spread(model.trainable_variables) == 0
+    val_loss = model.evaluate(xv, yv, verbose=0)
+    assert history.history["val_loss"][-1] == pytest.approx(val_loss, rel=1e-6)
+    prediction = model.predict(xv, verbose=0)
+    assert float(np.mean((prediction - yv) ** 2)) == pytest.approx(val_loss, rel=1e-5)
+
+    saved = new_model(tf.distribute.get_strategy())
+    saved.load_weights(tmp_path / "e2.weights.h5")
+    for got, expected in zip(saved.get_weights(), average, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    assert model.optimizer.averages_performed == 2
+
+
+def test_stopping_in_the_middle_of_an_epoch_leaves_an_averaged_model():
+    x, y = data()
+
+    class StopEarly(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                self.model.stop_training = True
+
+    model = new_model(mirrored(4))
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=3,
+        verbose=0,
+        callbacks=[StopEarly(), keras_skip.SkipCorrectionCallback()],
+    )
+    assert model.optimizer.iterations.numpy() == 3
+    assert model.optimizer.averages_performed == 1
+    assert max_replica_spread(model.trainable_variables) == 0
+
+
+def test_dataset_of_unknown_length_still_averages_at_each_epoch():
+    x, y = data()
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(32)
+    )
+    assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
+
+    class AfterEpoch(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.spreads = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.spreads.append(max_replica_spread(self.model.trainable_variables))
+
+    after_epoch = AfterEpoch()
+    model = new_model(mirrored(4))
+    model.fit(
+        dataset,
+        epochs=2,
+        verbose=0,
+        callbacks=[keras_skip.SkipCorrectionCallback(), after_epoch],
+    )
+    assert after_epoch.spreads == [0.0, 0.0]
+    assert model.optimizer.averages_performed == 2
+
+
+def test_steps_per_execution_with_validation():
+    x, y = data()
+    model = new_model(mirrored(4), steps_per_execution=3, interval=2)
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        verbose=0,
+        validation_data=data(64, 1),
+        callbacks=[keras_skip.SkipCorrectionCallback()],
+    )
+    assert model.optimizer.iterations.numpy() == 16
+    assert np.isfinite(history.history["val_loss"]).all()
+    assert max_replica_spread(model.trainable_variables) == 0
+
+
+def test_interval_changes_between_steps_without_retracing():
+    class CountingModel(keras.Sequential):
+        traces = 0
+
+        def train_step(self, data):
+            CountingModel.traces += 1
+            return super().train_step(data)
+
+    class ChangeInterval(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                self.model.optimizer.interval = 3
+
+    x, y = data()
+    model = new_model(mirrored(4), model_class=CountingModel, interval=1)
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=1,
+        verbose=0,
+        callbacks=[ChangeInterval(), keras_skip.SkipCorrectionCallback()],
+    )
+    traces = CountingModel.traces
+    assert traces > 0
+    # Steps 0-1 synchronous; then local steps 2-4 (average), 5-7 (average).
+    assert model.optimizer.averages_performed == 2
+    model.optimizer.interval = 5
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=1,
+        verbose=0,
+        callbacks=[keras_skip.SkipCorrectionCallback()],
+    )
+    assert CountingModel.traces == traces
+    assert model.optimizer.averages_performed == 4  # step 12, boundary at 15
+
+
+def test_average_is_callable_eagerly_and_is_a_no_op_when_nothing_is_pending():
+    x, y = data()
+    model = new_model(mirrored(2), interval=100)
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=1,
+        verbose=0,
+        callbacks=[keras_skip.SkipCorrectionCallback()],
+    )
+    optimizer = model.optimizer
+    assert optimizer.local_steps_since_average == 0
+    assert optimizer.average() is False
+    assert optimizer.averages_performed == 1
+
+
+def test_callback_needs_a_skip_correction_optimizer():
+    x, y = data()
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="SkipCorrectionOptimizer"):
+        model.fit(
+            x, y, epochs=1, verbose=0, callbacks=[keras_skip.SkipCorrectionCallback()]
+        )
