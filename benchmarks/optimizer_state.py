@@ -14,6 +14,7 @@ import argparse
 import statistics
 
 from keras_skip import demo
+from keras_skip.bench import workloads
 
 
 def main() -> None:
@@ -28,7 +29,7 @@ def main() -> None:
 
     import keras_skip
 
-    data = demo.load_mnist_subset(0)
+    data = workloads.load_mnist_subset(0)
     (x, y), validation = data
     inners = {
         "SGD(0.02, momentum=0.9)": lambda: keras.optimizers.SGD(0.02, momentum=0.9),

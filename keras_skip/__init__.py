@@ -21,9 +21,23 @@ _environment.check()
 _LAZY = {
     "SkipCorrectionOptimizer": "keras_skip.optimizer",
     "SkipCorrectionCallback": "keras_skip.callbacks",
+    "AdaptiveIntervalCallback": "keras_skip.callbacks",
+    "BackupAndRestore": "keras_skip.callbacks",
+    "multi_worker_strategy": "keras_skip.multi_worker",
+    "apply_keras_fixes": "keras_skip._compat",
+    "choose_interval": "keras_skip.adaptive",
 }
 
-__all__ = ["SkipCorrectionCallback", "SkipCorrectionOptimizer", "__version__"]
+__all__ = [
+    "AdaptiveIntervalCallback",
+    "BackupAndRestore",
+    "SkipCorrectionCallback",
+    "SkipCorrectionOptimizer",
+    "__version__",
+    "apply_keras_fixes",
+    "choose_interval",
+    "multi_worker_strategy",
+]
 
 
 def __getattr__(name: str):

@@ -9,6 +9,8 @@ Checked with keras 3.15.1 and tensorflow 2.21.0.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -46,68 +48,191 @@ def _is_float(variable) -> bool:
     return tf.as_dtype(variable.dtype).is_floating
 
 
-def needs_train_function(model: keras.Model) -> bool:
-    """Whether ``model.fit`` needs :func:`make_train_function` to run.
+# ---------------------------------------------------------------------------
+# Keras' TensorFlow trainer under tf.distribute.
+# ---------------------------------------------------------------------------
 
-    Keras 3.15 runs ``steps_per_execution > 1`` as a ``tf.while_loop`` whose
-    body calls the one-step ``tf.function`` inside a ``tf.cond``. Under a
-    ``tf.distribute`` strategy, the optimizer's ``merge_call`` inside that
-    nested function fails at run time ("You must feed a value for placeholder
-    tensor ... while/cond/Placeholder"), even with a stock ``SGD``
-    (keras-team/keras#19246).
+_ORIGINALS: dict[str, object] = {}
+
+
+def apply_keras_fixes() -> list[str]:
+    """Patches Keras' TensorFlow trainer where it fails under tf.distribute.
+
+    Each patch changes behaviour only in a case where stock Keras 3.15 raises,
+    and delegates to Keras everywhere else:
+
+    - ``symbolic_build``: under ``MultiWorkerMirroredStrategy``, ``fit`` and
+      ``evaluate`` reduce the first batch with ``strategy.reduce("MEAN", ...)``
+      just to learn its shapes, which fails ("Attempt to convert a value
+      (PerReplica...) with an unsupported type"). The patch takes the local
+      replica's batch instead.
+    - ``scalar_logs``: under ``MultiWorkerMirroredStrategy`` the logs of every
+      step are reduced with ``axis=0``, which fails on scalars ("Invalid
+      reduction dimension 0 for input with 0 dimensions", tensorflow#72388).
+      The patch reduces scalars with ``axis=None``.
+    - ``steps_per_execution``: with ``steps_per_execution > 1`` on more than
+      one replica (``MirroredStrategy`` or multi-worker), Keras calls the step
+      inside a ``tf.cond`` in its ``tf.while_loop``, which fails at run time
+      ("You must feed a value for placeholder tensor .../while/cond/
+      Placeholder", keras-team/keras#19246). The patch runs the same loop
+      without that redundant ``tf.cond`` (``unrolled_steps_per_execution`` is
+      not used on this path).
+
+    Idempotent; ``import keras_skip.optimizer`` applies it. Returns the names of
+    the patches in force.
     """
-    return model.steps_per_execution > 1 and not _is_default_strategy(
-        model.distribute_strategy
-    )
+    from keras.src.backend.tensorflow import trainer
+
+    if not _ORIGINALS:
+        _ORIGINALS["_maybe_symbolic_build"] = (
+            trainer.TensorFlowTrainer._maybe_symbolic_build
+        )
+        _ORIGINALS["reduce_per_replica"] = trainer.reduce_per_replica
+        _ORIGINALS["_make_function"] = trainer.TensorFlowTrainer._make_function
+        trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+        trainer.reduce_per_replica = _reduce_per_replica
+        trainer.TensorFlowTrainer._make_function = _make_function
+    return ["symbolic_build", "scalar_logs", "steps_per_execution"]
 
 
-def _is_default_strategy(strategy) -> bool:
-    from tensorflow.python.distribute import distribute_lib
+@contextlib.contextmanager
+def keras_fixes_removed():
+    """Stock Keras for the duration of the block (tests pin upstream bugs)."""
+    from keras.src.backend.tensorflow import trainer
 
-    return strategy is distribute_lib._get_default_strategy()
+    applied = bool(_ORIGINALS)
+    if applied:
+        trainer.TensorFlowTrainer._maybe_symbolic_build = _ORIGINALS[
+            "_maybe_symbolic_build"
+        ]
+        trainer.reduce_per_replica = _ORIGINALS["reduce_per_replica"]
+        trainer.TensorFlowTrainer._make_function = _ORIGINALS["_make_function"]
+    try:
+        yield
+    finally:
+        if applied:
+            trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+            trainer.reduce_per_replica = _reduce_per_replica
+            trainer.TensorFlowTrainer._make_function = _make_function
 
 
-def make_train_function(model: keras.Model):
-    """A train function for ``steps_per_execution > 1`` under a strategy.
+def is_multi_worker(strategy) -> bool:
+    from keras.src.backend.tensorflow import trainer
 
-    It runs up to ``steps_per_execution`` steps in one ``tf.function``, calling
-    ``strategy.run(model.train_step)`` directly in the loop body rather than
-    through a nested ``tf.function`` inside a ``tf.cond``, and otherwise
-    behaves as Keras' own: it returns the logs of the last step and raises
-    ``StopIteration`` when the iterator is exhausted.
-    """
-    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+    return trainer._collective_all_reduce_multi_worker(strategy)
 
-    strategy = model.distribute_strategy
-    steps_per_execution = model.steps_per_execution
 
-    def one_step(data):
-        outputs = strategy.run(model.train_step, args=(data,))
-        return reduce_per_replica(outputs, strategy, reduction="auto")
+def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    if iterator is None or not is_multi_worker(self.distribute_strategy):
+        return _ORIGINALS["_maybe_symbolic_build"](self, iterator, data_batch)
+    from keras.src import tree
 
-    @tf.function(reduce_retracing=True)
-    def multi_step(iterator):
-        # An exhausted iterator raises OutOfRangeError here, which Keras'
-        # epoch iterator turns into the end of the epoch.
-        logs = one_step(iterator.get_next())
-        for _ in tf.range(steps_per_execution - 1):
-            following = iterator.get_next_as_optional()
-            if not following.has_value():
-                break
-            logs = one_step(following.get_value())
-        return logs
+    strategy = self.distribute_strategy
+    for _, _, it in iterator:
+        batch = next(it)
+        data_batch = tree.map_structure(
+            lambda v: (
+                strategy.experimental_local_results(v)[0]
+                if isinstance(v, tf.distribute.DistributedValues)
+                else v
+            ),
+            batch,
+        )
+        break
+    with strategy.scope():
+        self._symbolic_build(data_batch=data_batch)
+
+
+def _reduce_per_replica(values, strategy, reduction):
+    if reduction not in ("auto", "mean") or not is_multi_worker(strategy):
+        return _ORIGINALS["reduce_per_replica"](values, strategy, reduction)
+    from keras.src import tree
+
+    def reduce(value):
+        component = (
+            value.values[0]
+            if isinstance(value, tf.distribute.DistributedValues)
+            else value
+        )
+        axis = None if component.shape.rank == 0 else 0
+        return strategy.reduce("MEAN", value, axis=axis)
+
+    return tree.map_structure(reduce, values)
+
+
+def _make_function(self, step_function):
+    if (
+        self.steps_per_execution == 1
+        or self.distribute_strategy.num_replicas_in_sync == 1
+    ):
+        return _ORIGINALS["_make_function"](self, step_function)
+    from keras.src.backend.tensorflow import trainer
+
+    strategy = self.distribute_strategy
+    steps_per_execution = self.steps_per_execution
+
+    @tf.autograph.experimental.do_not_convert
+    def one_step_on_data(data):
+        outputs = strategy.run(step_function, args=(data,))
+        return trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+    if not self.run_eagerly:
+        one_step_on_data = tf.function(
+            one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile
+        )
+    one_step_on_data = self._autoconvert_optionals(one_step_on_data)
+
+    @tf.autograph.experimental.do_not_convert
+    def multi_step_on_iterator(iterator):
+        empty_outputs = tf.experimental.Optional.empty(None)
+
+        def condition(step, outputs, next_inputs):
+            return tf.logical_and(
+                tf.less(step, steps_per_execution), next_inputs.has_value()
+            )
+
+        def body(step, outputs, next_inputs):
+            outputs = tf.experimental.Optional.from_value(
+                one_step_on_data(next_inputs.get_value())
+            )
+            empty_outputs._element_spec = outputs.element_spec
+            next_inputs = tf.cond(
+                tf.less(step + 1, steps_per_execution),
+                iterator.get_next_as_optional,
+                lambda: next_inputs,
+            )
+            return step + 1, outputs, next_inputs
+
+        _, outputs, _ = tf.while_loop(
+            condition,
+            body,
+            [tf.constant(0), empty_outputs, iterator.get_next_as_optional()],
+        )
+        outputs._element_spec = empty_outputs.element_spec
+        return outputs
+
+    if not self.run_eagerly:
+        multi_step_on_iterator = tf.function(
+            multi_step_on_iterator, reduce_retracing=True
+        )
 
     def function(iterator):
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            return multi_step(iterator)
-        logs = None
+            outputs = multi_step_on_iterator(iterator)
+            if not outputs.has_value():
+                raise StopIteration
+            return outputs.get_value()
+        outputs = None
         for _, data in zip(range(steps_per_execution), iterator, strict=False):
-            logs = one_step(data)
-        return logs
+            outputs = one_step_on_data(data)
+        return outputs
 
-    function.keras_skip_train_function = True
     return function
 
+
+# ---------------------------------------------------------------------------
+# Collective keys.
+# ---------------------------------------------------------------------------
 
 _next_group_key = 10_000
 
@@ -144,3 +269,40 @@ def isolate_collective_keys(strategy) -> None:
     for launcher in collective._launchers:
         launcher._group_key = group_key
     strategy._keras_skip_isolated = True
+
+
+# ---------------------------------------------------------------------------
+# Failure detection between workers.
+# ---------------------------------------------------------------------------
+
+
+def configure_peer_timeout(seconds: float) -> None:
+    """Makes surviving workers notice a dead peer within about ``seconds``.
+
+    Sets the heartbeat timeout of TensorFlow's coordination service, which
+    aborts every collective once a worker stops sending heartbeats (default
+    about 10 s). Must run before ``MultiWorkerMirroredStrategy`` is created,
+    which then keeps this configuration. Uses
+    ``context.configure_coordination_service`` (tensorflow 2.21).
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster = resolver.cluster_spec()
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(
+            name=job, num_tasks=cluster.num_tasks(job)
+        )
+        for job in ("chief", "worker")
+        if job in cluster.jobs
+    ]
+    # The same service MultiWorkerMirroredStrategy would configure, with a
+    # shorter heartbeat timeout.
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster),
+        coordinated_jobs=jobs,
+        heartbeat_timeout_in_ms=int(seconds * 1000),
+    )

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import keras
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
 
-from keras_skip import _compat
+import keras
+import numpy as np
+
+from keras_skip import _checks, _version, adaptive, multi_worker
 from keras_skip.optimizer import SkipCorrectionOptimizer
 
 
@@ -18,8 +26,9 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     and at the end of training, so that validation, `ModelCheckpoint`,
     `BackupAndRestore`, `EarlyStopping` and the model after `fit` all see the
     averaged model. It also includes the model's BatchNorm statistics in the
-    averages, and runs `steps_per_execution > 1` under a strategy, which
-    stock Keras 3.15 cannot.
+    averages. With several workers it checks, before the first step, that
+    every worker runs the same keras-skip configuration (a mismatch would
+    deadlock a collective) and raises the same clear error on each if not.
 
     A checkpoint written at a batch inside an epoch (`save_freq=<int>`)
     holds replica 0's weights, not their average; use epoch-level saves.
@@ -59,12 +68,24 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         return optimizer
 
     def on_train_begin(self, logs=None):
-        self._optimizer = self.optimizer
-        self._optimizer.attach(self.model)
-        if _compat.needs_train_function(self.model) and not getattr(
-            self.model.train_function, "keras_skip_train_function", False
-        ):
-            self.model.train_function = _compat.make_train_function(self.model)
+        self._optimizer = optimizer = self.optimizer
+        optimizer.attach(self.model)
+        multi_worker.check_same_configuration(
+            optimizer._distribution_strategy,
+            {
+                "keras-skip version": _version.__version__,
+                "callback": type(self).__name__,
+                "inner optimizer": type(optimizer.inner_optimizer).__name__,
+                "interval": optimizer.interval,
+                "correction": optimizer.correction,
+                "optimizer_state": optimizer.optimizer_state,
+                "warmup_steps": optimizer.warmup_steps,
+                "steps_per_execution": self.model.steps_per_execution,
+                "trainable parameters": sum(
+                    int(np.prod(v.shape)) for v in self.model.trainable_variables
+                ),
+            },
+        )
 
     def on_train_batch_end(self, batch, logs=None):
         steps = self.params.get("steps") if self.params else None
@@ -83,3 +104,281 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._optimizer.average()
         self._optimizer = None
+
+
+class AdaptiveIntervalCallback(SkipCorrectionCallback):
+    """Chooses the interval once, from the timing of the first steady-state step.
+
+    Training starts at interval 1 (synchronous). After the first execution of
+    the train function (which traces it) and any warm-up, the callback runs
+    two executions of local steps, each followed by an average that also
+    exchanges timings between workers: the first sets the collectives up
+    (their first run includes one-time work), the second is timed. It gives
+    `t_comp`, one local step with no communication, and `t_comm`, one average
+    of the exact payload an average sends; takes the maximum of each over all
+    workers; and sets
+
+        interval = clip(round(t_comm / (target_ratio * t_comp)), 1, max_interval)
+
+    so that per epoch the time spent communicating is about `target_ratio`
+    times the time spent computing. The interval then stays fixed: no more
+    probes, statistics or tuning collectives. The decision is saved with the
+    optimizer, so a run resumed from a checkpoint or `BackupAndRestore` keeps
+    it instead of probing again. It is written into the logs of every epoch
+    (`interval`, `t_comp`, `t_comm` in seconds, so `History` has it) and
+    printed when `verbose`.
+
+    With `steps_per_execution > 1` the probe times a whole execution of local
+    steps and divides by its number of steps. The chosen interval need not be
+    a multiple of `steps_per_execution`: averages happen inside the train
+    function every `interval` local steps, wherever the execution boundaries
+    fall.
+
+    It includes everything `SkipCorrectionCallback` does; pass only this one.
+
+    Args:
+        target_ratio: Float > 0, default 1.0. Wanted ratio of communication
+            time to computation time per epoch; smaller values choose larger
+            intervals.
+        max_interval: Integer >= 1, default 64. Upper bound of the interval.
+        verbose: 0 or 1 (default): print the decision.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import keras_skip
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(
+        optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05)),
+        loss="mse",
+    )
+    x = np.random.rand(256, 4).astype("float32")
+    history = model.fit(x, x.sum(axis=1), epochs=2, verbose=0,
+                        callbacks=[keras_skip.AdaptiveIntervalCallback()])
+    print(history.history["interval"])
+    ```
+    """
+
+    def __init__(
+        self, target_ratio: float = 1.0, max_interval: int = 64, verbose: int = 1
+    ):
+        super().__init__()
+        self.target_ratio = _checks.positive("target_ratio", target_ratio)
+        self.max_interval = _checks.integer("max_interval", max_interval, minimum=1)
+        self.verbose = verbose
+        #: The decision in force (an `IntervalDecision`), once known.
+        self.decision: adaptive.IntervalDecision | None = None
+        #: Probes run by this callback (0 when a restored decision was kept).
+        self.probes = 0
+        #: Seconds, collectives and bytes per replica spent on choosing the
+        #: interval, beyond training itself.
+        self.overhead_seconds = 0.0
+        self.collectives = 0
+        self.bytes_sent = 0
+        self._probe: adaptive.IntervalProbe | None = None
+        self._probing = False
+        self._probe_first_step = 0
+        self._executions = 0
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        optimizer = self._optimizer
+        self._executions = 0
+        self._probe = None
+        self._probing = False
+        self.decision = optimizer.interval_decision
+        if self.decision is None:
+            optimizer.interval = 1
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.decision is not None or self._executions == 0:
+            return
+        optimizer = self._optimizer
+        if self._probe is None:
+            # BackupAndRestore may have restored a decision after on_train_begin.
+            self.decision = optimizer.interval_decision
+            if self.decision is not None:
+                return
+            if int(optimizer.iterations.numpy()) < optimizer.warmup_steps:
+                return
+            # Created now: without a strategy, Keras builds the optimizer
+            # during the first step.
+            self._probe = adaptive.IntervalProbe(
+                optimizer, self.target_ratio, self.max_interval
+            )
+        self._probe_first_step = batch
+
+        self._probing = True
+        self._probe.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._executions += 1
+        if self._probing:
+            self._probing = False
+            probe = self._probe
+            self.decision = probe.finish(batch - self._probe_first_step + 1)
+            if self.decision is not None:
+                self.probes += 1
+                self.overhead_seconds += probe.overhead_seconds
+                self.collectives += probe.collectives
+                self.bytes_sent += probe.bytes_sent
+                self._probe = None
+                if self.verbose:
+                    self._print_decision()
+        super().on_train_batch_end(batch, logs)
+
+    def _print_decision(self):
+        d = self.decision
+        capped = " (max_interval)" if d.interval == self.max_interval else ""
+        print(
+            f"AdaptiveIntervalCallback: t_comp {d.t_comp * 1e3:.2f} ms, "
+            f"t_comm {d.t_comm * 1e3:.2f} ms (maximum over workers), "
+            f"target_ratio {self.target_ratio:g} -> interval {d.interval}{capped}"
+        )
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if logs is not None:
+            logs["interval"] = self._optimizer.interval
+            if self.decision is not None:
+                logs["t_comp"] = self.decision.t_comp
+                logs["t_comm"] = self.decision.t_comm
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` made safe for several workers.
+
+    Backs the training state up at the end of every epoch and restores it
+    when a restarted job calls `fit` again, like the Keras callback, with
+    three differences that matter under `MultiWorkerMirroredStrategy`:
+
+    - every worker writes its own subdirectory, `<backup_dir>/worker-<i>`
+      (the Keras callback has no notion of a chief, so workers sharing one
+      directory overwrite each other's files);
+    - every backup is written to a temporary directory and renamed into
+      place, so a worker killed while writing never leaves a half-written
+      backup, and the two most recent backups are kept;
+    - at restart the workers agree, in one collective, on the latest epoch
+      that *every* worker has a backup of, and all restore that one. Without
+      this, a worker killed between two workers' saves makes them resume from
+      different epochs and diverge silently.
+
+    The weights file holds the optimizer's whole state, every replica's
+    correction and slots included, so a restarted run continues exactly.
+    Backups are taken at epoch ends only: stock Keras restarts an epoch from
+    its first batch anyway.
+
+    Args:
+        backup_dir: Directory for the backups, the same path on every worker
+            (a shared or a local disk). Not to be used for anything else.
+        delete_checkpoint: Remove this worker's backups when training ends
+            normally. Default True.
+
+    Example:
+
+    ```python
+    import tempfile
+
+    import keras
+    import numpy as np
+    import keras_skip
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(
+        optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05)),
+        loss="mse",
+    )
+    x = np.random.rand(64, 4).astype("float32")
+    backup = keras_skip.BackupAndRestore(tempfile.mkdtemp())
+    model.fit(x, x.sum(axis=1), epochs=2, verbose=0,
+              callbacks=[backup, keras_skip.SkipCorrectionCallback()])
+    ```
+    """
+
+    _KEEP = 2
+
+    def __init__(self, backup_dir: str, delete_checkpoint: bool = True):
+        super().__init__(
+            backup_dir, save_freq="epoch", delete_checkpoint=delete_checkpoint
+        )
+        self._directory: pathlib.Path | None = None
+
+    def _worker_directory(self) -> pathlib.Path:
+        strategy = self.model.distribute_strategy
+        root = pathlib.Path(self.backup_dir)
+        if multi_worker.num_workers(strategy) == 1:
+            return root
+        return root / f"worker-{multi_worker.worker_index(strategy)}"
+
+    def _epochs(self) -> list[int]:
+        if not self._directory.is_dir():
+            return []
+        found = []
+        for entry in self._directory.iterdir():
+            name = entry.name
+            if name.startswith("epoch-") and (entry / "complete").exists():
+                found.append(int(name.removeprefix("epoch-")))
+        return sorted(found)
+
+    def on_train_begin(self, logs=None):
+        self._directory = self._worker_directory()
+        strategy = self.model.distribute_strategy
+        mine = self._epochs()[-self._KEEP :]
+        held = multi_worker.gather(strategy, ([-1] * self._KEEP + mine)[-self._KEEP :])
+        per_replica = [set(row.astype(int).tolist()) - {-1} for row in held]
+        if not any(per_replica):
+            return
+        common = set.intersection(*per_replica)
+        if not common:
+            raise ValueError(
+                "Cannot resume: the workers' backups have no epoch in common "
+                f"(epochs held per replica: {[sorted(e) for e in per_replica]}, in "
+                f"{self.backup_dir!r}). Delete the backup directory to start "
+                "training again from the beginning."
+            )
+        epoch = max(common)
+        if not self.model.built:
+            raise ValueError(
+                "To restore a backup the model must be built before fit(). "
+                "Give it an Input layer or call it on a batch first."
+            )
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            with strategy.scope():
+                optimizer.build(self.model.trainable_variables)
+        self.model.load_weights(
+            self._directory / f"epoch-{epoch}" / "backup.weights.h5"
+        )
+        self.model._initial_epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._save(epoch + 1)
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+    def _save(self, epoch: int) -> None:
+        self._directory.mkdir(parents=True, exist_ok=True)
+        final = self._directory / f"epoch-{epoch}"
+        temporary = pathlib.Path(
+            tempfile.mkdtemp(prefix=".writing-", dir=self._directory)
+        )
+        try:
+            self.model.save_weights(temporary / "backup.weights.h5")
+            (temporary / "complete").write_text(json.dumps({"epoch": epoch}))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(temporary, final)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+        for old in self._epochs()[: -self._KEEP]:
+            shutil.rmtree(self._directory / f"epoch-{old}", ignore_errors=True)
+
+    def on_train_end(self, logs=None):
+        if self.delete_checkpoint and self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                pathlib.Path(self.backup_dir).rmdir()  # if no other worker's is left

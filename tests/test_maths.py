@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -16,12 +16,12 @@ rates = st.floats(0.001, 0.2)
 
 
 @st.composite
-def problems(draw, min_n=1):
+def problems(draw, min_n=1, min_steps=1):
     """Per-replica gradient sequences for a small problem: g[t, i] is replica
     i's gradient at step t, independent of the weights (a linear loss)."""
     n = draw(st.integers(min_n, 6))
     dim = draw(st.integers(1, 4))
-    steps = draw(st.integers(1, 30))
+    steps = draw(st.integers(min_steps, 30))
     grads = draw(hnp.arrays(np.float64, (steps, n, dim), elements=finite))
     x0 = draw(hnp.arrays(np.float64, (dim,), elements=finite))
     return n, dim, steps, grads, x0
@@ -166,10 +166,10 @@ def test_beta_0_keeps_corrections_zero_and_is_plain_local_sgd(problem, interval,
 # Invariant 5 -----------------------------------------------------------------
 
 
-@given(problems(min_n=2), st.integers(2, 10), rates)
-def test_correction_is_the_period_mean_gradient_deviation(problem, interval, lr):
+@given(problems(min_n=2, min_steps=2), st.data(), rates)
+def test_correction_is_the_period_mean_gradient_deviation(problem, data, lr):
     n, _dim, steps, grads, x0 = problem
-    assume(steps >= interval)
+    interval = data.draw(st.integers(2, min(10, steps)))
     result = maths.simulate(
         x0,
         fixed_grads(grads),
@@ -184,13 +184,11 @@ def test_correction_is_the_period_mean_gradient_deviation(problem, interval, lr)
     np.testing.assert_allclose(result.correction, expected, atol=1e-8)
 
 
-@given(problems(min_n=2), st.integers(2, 6), rates)
-def test_correction_formula_holds_in_every_period_not_only_the_first(
-    problem, interval, lr
-):
+@given(problems(min_n=2, min_steps=4), st.data(), rates)
+def test_correction_formula_holds_in_every_period_not_only_the_first(problem, data, lr):
     n, _dim, steps, grads, x0 = problem
+    interval = data.draw(st.integers(2, min(6, steps // 2)))
     periods = steps // interval
-    assume(periods >= 2)
     result = maths.simulate(
         x0,
         fixed_grads(grads),
@@ -387,10 +385,11 @@ def test_number_of_averages(steps, interval, warmup, boundaries):
 # Slot policies and warm-up ------------------------------------------------------
 
 
-@given(problems(min_n=2), st.integers(2, 6), rates)
-def test_slot_policies(problem, interval, lr):
+@given(problems(min_n=2, min_steps=2), st.data(), rates)
+def test_slot_policies(problem, data, lr):
     n, dim, steps, grads, x0 = problem
-    assume(steps >= interval and steps % interval == 0)
+    interval = data.draw(st.integers(2, min(6, steps)))
+    steps -= steps % interval
     kw = dict(n=n, steps=steps, learning_rate=lr, interval=interval, correction=1.0)
     avg = maths.simulate(
         x0, fixed_grads(grads), inner=maths.sgd(0.9), optimizer_state="average", **kw
@@ -411,10 +410,10 @@ def test_slot_policies(problem, interval, lr):
     np.testing.assert_allclose(local.slots[0], expected, atol=1e-9)
 
 
-@given(problems(min_n=2), st.integers(2, 8), st.integers(1, 30), rates)
-def test_warmup_steps_are_synchronous(problem, interval, warmup, lr):
+@given(problems(min_n=2), st.integers(2, 8), st.data(), rates)
+def test_warmup_steps_are_synchronous(problem, interval, data, lr):
     n, dim, steps, grads, x0 = problem
-    assume(warmup <= steps)
+    warmup = data.draw(st.integers(1, steps))
     result = maths.simulate(
         x0,
         fixed_grads(grads),
@@ -434,14 +433,14 @@ def test_warmup_steps_are_synchronous(problem, interval, warmup, lr):
     )
 
 
-@given(problems(min_n=2), st.integers(2, 8), st.integers(1, 10), rates)
+@given(problems(min_n=2, min_steps=2), st.integers(2, 8), st.data(), rates)
 def test_going_back_to_interval_1_averages_weights_and_slots_first(
-    problem, interval, switch, lr
+    problem, interval, data, lr
 ):
     """A pending local period is closed (weights and slots averaged) before a
     synchronous step, or the replicas would stay apart for ever."""
     n, _dim, steps, grads, x0 = problem
-    assume(switch < steps)
+    switch = data.draw(st.integers(1, steps - 1))
     result = maths.simulate(
         x0,
         fixed_grads(grads),

@@ -1,0 +1,35 @@
+"""Argument checks whose messages name the argument, the value and what is allowed."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def integer(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"`{name}` must be an integer >= {minimum}. "
+            f"Received: {name}={value!r} of type {type(value).__name__}"
+        )
+    if value < minimum:
+        raise ValueError(
+            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"`{name}` must be a number. "
+            f"Received: {name}={value!r} of type {type(value).__name__}"
+        )
+    return float(value)
+
+
+def positive(name: str, value) -> float:
+    value_ = number(name, value)
+    if not math.isfinite(value_) or value_ <= 0:
+        raise ValueError(f"`{name}` must be a number > 0. Received: {name}={value!r}")
+    return value_

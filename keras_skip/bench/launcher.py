@@ -1,0 +1,279 @@
+"""Starts N local worker processes with the right TF_CONFIG, and always cleans up.
+
+    python -m keras_skip.bench.launcher -n 2 -- python my_training.py --epochs 3
+
+Every worker gets ``TF_CONFIG`` (a cluster of ``n`` workers on free ports of
+``127.0.0.1``, or of the given hosts), one thread pool of
+``threads_per_worker`` threads, and its own log file. The launcher waits for
+all of them, up to a timeout, and then ends every process it started, also on
+error, timeout or Ctrl-C. The tests, the benchmark and the tutorials use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+
+@dataclasses.dataclass
+class Kill:
+    """Fault injection: SIGKILL worker ``worker`` once its log contains ``when``
+    (or at once if ``when`` is None), ``delay`` seconds later."""
+
+    worker: int
+    when: str | None = None
+    delay: float = 0.0
+
+
+@dataclasses.dataclass
+class WorkerResult:
+    index: int
+    returncode: int | None
+    log_path: pathlib.Path
+    killed: bool = False
+    #: Seconds from launch to exit.
+    seconds: float | None = None
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    workers: list[WorkerResult]
+    seconds: float
+    timed_out: bool
+    #: Seconds from launch to the injected kill, if any.
+    killed_at: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(w.returncode == 0 for w in self.workers)
+
+    def failure_report(self, tail: int = 3000) -> str:
+        parts = [f"timed out: {self.timed_out}"]
+        for w in self.workers:
+            parts.append(
+                f"--- worker {w.index}: exit code {w.returncode}\n{w.log[-tail:]}"
+            )
+        return "\n".join(parts)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that are free on this machine right now."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_config(addresses: Sequence[str], index: int) -> str:
+    return json.dumps(
+        {
+            "cluster": {"worker": list(addresses)},
+            "task": {"type": "worker", "index": index},
+        }
+    )
+
+
+def launch(
+    command: Sequence[str],
+    num_workers: int,
+    *,
+    timeout: float = 600.0,
+    log_dir: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+    threads_per_worker: int | None = 1,
+    hosts: Sequence[str] | None = None,
+    wrap: Callable[[int], Sequence[str]] | None = None,
+    kill: Kill | None = None,
+    on_progress: Callable[[int, str], None] | None = None,
+) -> LaunchResult:
+    """Runs ``command`` as ``num_workers`` MultiWorkerMirroredStrategy workers.
+
+    Args:
+        command: The worker command, for example
+            ``[sys.executable, "train.py", "--epochs", "3"]``. Every worker
+            runs the same command; it learns its index from ``TF_CONFIG``
+            (and from ``KERAS_SKIP_WORKER``).
+        num_workers: Number of worker processes.
+        timeout: Seconds after which every worker still running is killed.
+        log_dir: Where ``worker-<i>.log`` files go (default: a new temporary
+            directory, kept for inspection).
+        env: Extra environment variables for every worker.
+        threads_per_worker: TensorFlow intra- and inter-op threads per worker
+            (default 1, right when workers share a few cores); None keeps
+            TensorFlow's default.
+        hosts: One address per worker (default ``127.0.0.1`` for all); ports
+            are chosen free on each.
+        wrap: ``wrap(i)`` returns a prefix for worker ``i``'s command, such as
+            ``["ip", "netns", "exec", "ns0"]``.
+        kill: Optional fault injection.
+        on_progress: Called with ``(worker, line)`` for every new log line.
+
+    Returns:
+        A :class:`LaunchResult` with every worker's exit code and log. Every
+        process is ended when this returns or raises.
+    """
+    hosts = list(hosts or ["127.0.0.1"] * num_workers)
+    if len(hosts) != num_workers:
+        raise ValueError(
+            f"`hosts` must have {num_workers} entries. Received: {hosts!r}"
+        )
+    ports = free_ports(num_workers)
+    addresses = [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
+    log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="keras-skip-workers-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    processes: list[subprocess.Popen] = []
+    logs = []
+    start = time.monotonic()
+    killed_at = None
+    exited_at: dict[int, float] = {}
+    offsets = [0] * num_workers
+    try:
+        for i in range(num_workers):
+            worker_env = {**os.environ, **(env or {})}
+            worker_env["TF_CONFIG"] = tf_config(addresses, i)
+            worker_env["KERAS_SKIP_WORKER"] = str(i)
+            worker_env["PYTHONUNBUFFERED"] = "1"
+            worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            if threads_per_worker:
+                worker_env["TF_NUM_INTRAOP_THREADS"] = str(threads_per_worker)
+                worker_env["TF_NUM_INTEROP_THREADS"] = str(threads_per_worker)
+            log = open(log_dir / f"worker-{i}.log", "w")  # noqa: SIM115
+            logs.append(log)
+            prefix = list(wrap(i)) if wrap else []
+            processes.append(
+                subprocess.Popen(
+                    [*prefix, *command],
+                    env=worker_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        timed_out = False
+        while True:
+            time.sleep(0.1)
+            if on_progress:
+                for i in range(num_workers):
+                    offsets[i] = _emit_new_lines(
+                        log_dir / f"worker-{i}.log", offsets[i], i, on_progress
+                    )
+            if (
+                kill is not None
+                and killed_at is None
+                and processes[kill.worker].poll() is None
+            ):
+                text = (log_dir / f"worker-{kill.worker}.log").read_text(
+                    errors="replace"
+                )
+                if kill.when is None or kill.when in text:
+                    time.sleep(kill.delay)
+                    _kill_group(processes[kill.worker])
+                    killed_at = time.monotonic() - start
+            for i, p in enumerate(processes):
+                if p.poll() is not None and i not in exited_at:
+                    exited_at[i] = time.monotonic() - start
+            if all(p.poll() is not None for p in processes):
+                break
+            if time.monotonic() - start > timeout:
+                timed_out = True
+                break
+    finally:
+        for p in processes:
+            _kill_group(p)
+        for p in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=30)
+        for log in logs:
+            log.close()
+    return LaunchResult(
+        workers=[
+            WorkerResult(
+                i,
+                p.returncode if i in exited_at else None,
+                log_dir / f"worker-{i}.log",
+                killed=kill is not None and kill.worker == i and killed_at is not None,
+                seconds=exited_at.get(i),
+            )
+            for i, p in enumerate(processes)
+        ],
+        seconds=time.monotonic() - start,
+        timed_out=timed_out,
+        killed_at=killed_at,
+    )
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _emit_new_lines(path: pathlib.Path, offset: int, worker: int, callback) -> int:
+    with contextlib.suppress(OSError), open(path, errors="replace") as f:
+        f.seek(offset)
+        chunk = f.read()
+        complete = chunk.rfind("\n") + 1
+        for line in chunk[:complete].splitlines():
+            callback(worker, line)
+        return offset + complete
+    return offset
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print(
+            "usage: python -m keras_skip.bench.launcher [-n N] [--timeout S] "
+            "-- COMMAND ...",
+            file=sys.stderr,
+        )
+        return 2
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="python -m keras_skip.bench.launcher")
+    parser.add_argument("-n", "--num-workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--log-dir")
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1 :]
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    result = launch(
+        command,
+        args.num_workers,
+        timeout=args.timeout,
+        log_dir=args.log_dir,
+        on_progress=lambda i, line: print(f"[worker {i}] {line}", flush=True),
+    )
+    for w in result.workers:
+        print(f"worker {w.index}: exit code {w.returncode}, log {w.log_path}")
+    if result.timed_out:
+        print(f"timed out after {args.timeout:g} s; all workers were killed")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""What choosing the interval costs: AdaptiveIntervalCallback against baselines.
+
+    python -m keras_skip.bench.overhead [--epochs 20] [--json overhead.json]
+
+On the same model and data, in one run, trains three times: with
+`AdaptiveIntervalCallback` (one timing probe), with the AdaComm-style
+baseline (a loss all-reduce and a new interval at every average), and with a
+grid search (one short trial run per candidate interval, then training at the
+winner). For each it reports the wall time, collectives and bytes per replica
+spent on choosing the interval, beyond training itself, and the total
+training time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+from keras_skip import demo
+from keras_skip.bench import baselines, workloads
+
+
+@dataclasses.dataclass
+class OverheadRow:
+    strategy: str
+    interval: str
+    choosing_seconds: float
+    collectives: int
+    bytes_sent: int
+    total_seconds: float
+    val_accuracy: float
+
+
+def run(
+    epochs: int = 20,
+    replicas: int = 4,
+    batch_per_replica: int = 32,
+    hidden: tuple[int, ...] = (1024, 1024),
+    trial_steps: int = 30,
+    candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+    seed: int = 0,
+    verbose: bool = True,
+) -> list[OverheadRow]:
+    demo.configure_replicas(replicas)
+    import keras
+
+    import keras_skip
+
+    (x, y), validation = workloads.load_mnist_subset(seed)
+    batch_size = batch_per_replica * replicas
+
+    def make_model(interval: int):
+        strategy = demo.mirrored_strategy(replicas)
+        keras.utils.set_random_seed(seed)
+        with strategy.scope():
+            model = workloads.mlp(hidden)
+            model.compile(
+                optimizer=keras_skip.SkipCorrectionOptimizer(
+                    keras.optimizers.SGD(0.05), interval=interval
+                ),
+                loss=workloads.classification_loss(),
+                metrics=["accuracy"],
+            )
+        return model
+
+    def train(model, callback):
+        start = time.perf_counter()
+        history = model.fit(
+            x,
+            y,
+            batch_size=batch_size,
+            epochs=epochs,
+            validation_data=validation,
+            verbose=0,
+            callbacks=[callback],
+        )
+        return time.perf_counter() - start, float(history.history["val_accuracy"][-1])
+
+    rows = []
+    adaptive = keras_skip.AdaptiveIntervalCallback(verbose=int(verbose))
+    seconds, accuracy = train(make_model(1), adaptive)
+    rows.append(
+        OverheadRow(
+            "AdaptiveIntervalCallback",
+            str(adaptive.decision.interval),
+            adaptive.overhead_seconds,
+            adaptive.collectives,
+            adaptive.bytes_sent,
+            seconds,
+            accuracy,
+        )
+    )
+    if verbose:
+        print(f"adaptive: {rows[-1]}", flush=True)
+
+    adacomm = baselines.AdaCommCallback(initial_interval=8)
+    seconds, accuracy = train(make_model(8), adacomm)
+    chosen = sorted(set(adacomm.intervals)) or [8]
+    rows.append(
+        OverheadRow(
+            "AdaComm-style (loss all-reduce per average)",
+            f"{chosen[0]}-{chosen[-1]}" if len(chosen) > 1 else str(chosen[0]),
+            adacomm.overhead_seconds,
+            adacomm.collectives,
+            adacomm.bytes_sent,
+            seconds,
+            accuracy,
+        )
+    )
+    if verbose:
+        print(f"adacomm: {rows[-1]}", flush=True)
+
+    search = baselines.grid_search_interval(
+        make_model,
+        x,
+        y,
+        batch_size=batch_size,
+        candidates=candidates,
+        trial_steps=trial_steps,
+    )
+    seconds, accuracy = train(
+        make_model(search.interval), keras_skip.SkipCorrectionCallback()
+    )
+    rows.append(
+        OverheadRow(
+            f"grid search ({len(candidates)} trials of {trial_steps} steps)",
+            str(search.interval),
+            search.seconds,
+            search.collectives,
+            search.bytes_sent,
+            search.seconds + seconds,
+            accuracy,
+        )
+    )
+    if verbose:
+        print(f"grid: {rows[-1]}", flush=True)
+    return rows
+
+
+def format_table(rows: list[OverheadRow]) -> str:
+    ours = rows[0].choosing_seconds
+    header = (
+        "strategy",
+        "interval",
+        "choosing: wall time",
+        "collectives",
+        "bytes / replica",
+        "x ours",
+        "total training",
+        "val accuracy",
+    )
+    lines = [header]
+    for r in rows:
+        lines.append(
+            (
+                r.strategy,
+                r.interval,
+                f"{r.choosing_seconds * 1e3:.1f} ms",
+                str(r.collectives),
+                f"{r.bytes_sent:,}",
+                f"{r.choosing_seconds / ours:,.0f}x" if ours > 0 else "-",
+                f"{r.total_seconds:.1f} s",
+                f"{r.val_accuracy:.4f}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+        for line in lines
+    ]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    share = rows[0].choosing_seconds / rows[0].total_seconds
+    text.append(
+        f"\nAdaptiveIntervalCallback spent {share:.4%} of its training time choosing."
+    )
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m keras_skip.bench.overhead")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--batch-per-replica", type=int, default=32)
+    parser.add_argument("--hidden", type=int, nargs="*", default=[1024, 1024])
+    parser.add_argument("--trial-steps", type=int, default=30)
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    rows = run(
+        epochs=args.epochs,
+        replicas=args.replicas,
+        batch_per_replica=args.batch_per_replica,
+        hidden=tuple(args.hidden),
+        trial_steps=args.trial_steps,
+        verbose=not args.quiet,
+    )
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in rows], f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,374 @@
+"""The adaptive interval: the rule (invariant 10) and AdaptiveIntervalCallback."""
+
+import math
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import components, mirrored
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import keras_skip
+from keras_skip import maths
+
+times = st.floats(1e-6, 1e3, allow_nan=False, allow_infinity=False)
+ratios = st.floats(0.05, 20)
+caps = st.integers(1, 512)
+
+
+# The rule ------------------------------------------------------------------------
+
+
+@given(times, times, ratios, caps)
+def test_rule_is_an_integer_within_bounds(t_comm, t_comp, rho, cap):
+    h = maths.adaptive_interval(t_comm, t_comp, rho, cap)
+    assert isinstance(h, int)
+    assert 1 <= h <= cap
+
+
+@given(times, st.floats(0.5, 600), ratios, caps)
+def test_rule_is_close_to_the_target_when_not_clipped(t_comp, wanted, rho, cap):
+    t_comm = wanted * rho * t_comp
+    h = maths.adaptive_interval(t_comm, t_comp, rho, cap)
+    ratio = t_comm / (rho * t_comp)
+    assume(1 < h < cap)
+    assert abs(ratio / h - 1) <= 1 / (2 * h) + 1e-12
+
+
+@given(times, times, times, ratios, caps)
+def test_rule_does_not_decrease_as_communication_grows(t_comm, more, t_comp, rho, cap):
+    assert maths.adaptive_interval(t_comm + more, t_comp, rho, cap) >= (
+        maths.adaptive_interval(t_comm, t_comp, rho, cap)
+    )
+
+
+@given(times, times, st.floats(0.01, 1.0), ratios, caps)
+def test_rule_does_not_decrease_as_computation_shrinks(
+    t_comm, t_comp, shrink, rho, cap
+):
+    assert maths.adaptive_interval(t_comm, t_comp * shrink, rho, cap) >= (
+        maths.adaptive_interval(t_comm, t_comp, rho, cap)
+    )
+
+
+@given(times, times, st.integers(-20, 20), ratios, caps)
+def test_rule_is_unchanged_when_both_times_scale_by_a_power_of_two(
+    t_comm, t_comp, exponent, rho, cap
+):
+    k = 2.0**exponent
+    assert maths.adaptive_interval(t_comm * k, t_comp * k, rho, cap) == (
+        maths.adaptive_interval(t_comm, t_comp, rho, cap)
+    )
+
+
+@given(times, times, st.floats(1e-3, 1e3), ratios, caps)
+def test_rule_is_unchanged_when_both_times_scale_away_from_a_tie(
+    t_comm, t_comp, k, rho, cap
+):
+    ratio = t_comm / (rho * t_comp)
+    assume(abs(ratio - math.floor(ratio) - 0.5) > 1e-6)
+    assert maths.adaptive_interval(t_comm * k, t_comp * k, rho, cap) == (
+        maths.adaptive_interval(t_comm, t_comp, rho, cap)
+    )
+
+
+@given(st.lists(st.tuples(times, times), min_size=1, max_size=8), ratios, caps)
+def test_every_worker_computes_the_same_interval_from_the_maxima(measured, rho, cap):
+    t_comp = max(c for c, _ in measured)
+    t_comm = max(m for _, m in measured)
+    decisions = {
+        maths.adaptive_interval(
+            max(m for _, m in measured), max(c for c, _ in measured), rho, cap
+        )
+        for _ in measured
+    }
+    assert decisions == {maths.adaptive_interval(t_comm, t_comp, rho, cap)}
+
+
+def test_decide_removes_the_wait_for_the_slowest_worker():
+    from keras_skip.adaptive import decide
+
+    # Worker 1 computed 0.3 s longer; worker 0 waited for it inside the average.
+    measured = [[1.0, 0.5], [1.3, 0.2], [1.3, 0.2]]
+    decision = decide(measured, steps=10, target_ratio=1.0, max_interval=64)
+    assert decision.t_comp == pytest.approx(0.13)
+    assert decision.t_comm == pytest.approx(0.2)
+    assert decision.interval == 2
+
+
+@given(
+    st.lists(st.tuples(st.floats(0.01, 10), st.floats(0, 5)), min_size=1, max_size=8),
+    st.integers(1, 16),
+    st.randoms(use_true_random=False),
+)
+def test_decide_is_the_same_for_any_order_of_workers(measured, steps, rnd):
+    from keras_skip.adaptive import decide
+
+    shuffled = list(measured)
+    rnd.shuffle(shuffled)
+    assert decide(measured, steps, 1.0, 64) == decide(shuffled, steps, 1.0, 64)
+    decision = decide(measured, steps, 1.0, 64)
+    assert decision.t_comp == max(r for r, _ in measured) / steps
+    assert decision.t_comm <= max(a for _, a in measured)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"t_comm": -1.0, "t_comp": 1.0}, "t_comm"),
+        ({"t_comm": 1.0, "t_comp": 0.0}, "t_comp"),
+        ({"t_comm": float("nan"), "t_comp": 1.0}, "t_comm"),
+        ({"t_comm": 1.0, "t_comp": 1.0, "target_ratio": 0.0}, "target_ratio"),
+        ({"t_comm": 1.0, "t_comp": 1.0, "max_interval": 0}, "max_interval"),
+    ],
+)
+def test_rule_rejects_bad_input(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        maths.adaptive_interval(**kwargs)
+
+
+# The callback ----------------------------------------------------------------------
+
+D = 8
+
+
+class Sleep(keras.layers.Layer):
+    """Sleeps `seconds` in the forward pass of one replica (or all)."""
+
+    def __init__(self, seconds, replica=None, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds, self.replica = seconds, replica
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def call(self, x):
+        context = tf.distribute.get_replica_context()
+        if context is None:  # Keras' symbolic build, in cross-replica context
+            return x
+        replica_id = context.replica_id_in_sync_group
+
+        def sleep(rid):
+            if self.replica is None or int(rid) == self.replica:
+                time.sleep(self.seconds)
+            return np.float32(0)
+
+        delay = tf.numpy_function(sleep, [replica_id], tf.float32)
+        delay.set_shape(())
+        return x + tf.stop_gradient(delay)
+
+
+class SlowAverage(keras_skip.SkipCorrectionOptimizer):
+    """An injected delay in the communication path: every average sleeps."""
+
+    delay = 0.3
+
+    def _average(self, distribution, include_slots=False):
+        sleep = tf.numpy_function(
+            lambda: time.sleep(self.delay) or np.int64(0), [], tf.int64
+        )
+        with tf.control_dependencies([sleep]):
+            return super()._average(distribution, include_slots)
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.intervals = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        self.intervals.append(
+            [int(c) for c in components(optimizer._interval_variable)]
+        )
+
+
+def data(n=512, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, D)).astype("float32")
+    return x, x @ rng.normal(size=(D, 1)).astype("float32")
+
+
+def new_model(
+    strategy,
+    extra_layers=(),
+    optimizer_class=keras_skip.SkipCorrectionOptimizer,
+    **skip,
+):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((D,)), *extra_layers, keras.layers.Dense(1)]
+        )
+        model.compile(
+            optimizer=optimizer_class(keras.optimizers.SGD(0.01), **skip), loss="mse"
+        )
+    return model
+
+
+def fit(model, callbacks, epochs=1, batch_size=64, **kwargs):
+    x, y = data()
+    return model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs,
+        verbose=0,
+        shuffle=False,
+        callbacks=callbacks,
+        **kwargs,
+    )
+
+
+def test_costly_average_chooses_an_interval_consistent_with_the_times():
+    model = new_model(mirrored(4), optimizer_class=SlowAverage)
+    adaptive = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    recorder = Recorder()
+    history = fit(model, [adaptive, recorder], epochs=2)
+    decision = adaptive.decision
+    assert decision.t_comm >= SlowAverage.delay
+    assert decision.interval > 1
+    assert decision.interval == maths.adaptive_interval(
+        decision.t_comm, decision.t_comp
+    )
+    assert model.optimizer.interval_decision == decision
+    # Interval 1 while tracing, then two probe rounds, then the decision for good.
+    assert recorder.intervals[0] == [1] * 4
+    for step in range(3, len(recorder.intervals)):
+        assert recorder.intervals[step] == [decision.interval] * 4, step
+    assert history.history["interval"] == [decision.interval] * 2
+    assert history.history["t_comm"] == [decision.t_comm] * 2
+    assert history.history["t_comp"] == [decision.t_comp] * 2
+    assert adaptive.probes == 1 and adaptive.collectives == 2
+    assert adaptive.bytes_sent == 2 * 16 * 4
+
+
+def test_cap_and_target_ratio():
+    model = new_model(mirrored(2), optimizer_class=SlowAverage)
+    adaptive = keras_skip.AdaptiveIntervalCallback(
+        target_ratio=0.01, max_interval=3, verbose=0
+    )
+    fit(model, [adaptive])
+    assert adaptive.decision.interval == 3
+
+
+def test_cheap_communication_keeps_interval_1():
+    model = new_model(mirrored(4), extra_layers=[Sleep(0.2)])
+    adaptive = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    fit(model, [adaptive], batch_size=128)
+    assert adaptive.decision.t_comp >= 0.2
+    assert adaptive.decision.t_comm < adaptive.decision.t_comp / 2
+    assert adaptive.decision.interval == 1
+    assert model.optimizer.interval == 1
+
+
+def test_a_slower_replica_sets_t_comp_and_all_replicas_agree():
+    model = new_model(
+        mirrored(4), extra_layers=[Sleep(0.15, replica=2)], optimizer_class=SlowAverage
+    )
+    adaptive = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    recorder = Recorder()
+    fit(model, [adaptive, recorder], batch_size=128)
+    assert adaptive.decision.t_comp >= 0.15
+    assert all(len(set(step)) == 1 for step in recorder.intervals)
+    assert recorder.intervals[-1][0] == adaptive.decision.interval
+
+
+def test_probe_waits_for_the_warmup_and_works_with_steps_per_execution():
+    model = new_model(mirrored(2), optimizer_class=SlowAverage, warmup_steps=5)
+    with model.distribute_strategy.scope():
+        model.compile(
+            optimizer=SlowAverage(keras.optimizers.SGD(0.01), warmup_steps=5),
+            loss="mse",
+            steps_per_execution=2,
+        )
+    adaptive = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    recorder = Recorder()
+    fit(model, [adaptive, recorder], epochs=2)
+    # Executions of 2 steps: steps 0-5 synchronous (tracing, warm-up), the
+    # probe rounds are executions 3 and 4 (steps 6-9), then the decision.
+    assert [i[0] for i in recorder.intervals[:3]] == [1, 1, 1]
+    assert [i[0] for i in recorder.intervals[4:]] == [adaptive.decision.interval] * 4
+    assert model.optimizer.iterations.numpy() == 16
+    assert adaptive.decision.interval > 1
+
+
+def test_resumed_run_keeps_the_decision_without_probing(tmp_path):
+    model = new_model(mirrored(4), optimizer_class=SlowAverage)
+    first = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    fit(model, [first])
+    path = tmp_path / "adaptive.keras"
+    model.save(path)
+    with mirrored(4).scope():
+        resumed = keras.models.load_model(
+            path, custom_objects={"SlowAverage": SlowAverage}
+        )
+    assert resumed.optimizer.interval_decision == first.decision
+    second = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    recorder = Recorder()
+    fit(resumed, [second, recorder])
+    assert second.probes == 0 and second.collectives == 0
+    assert second.decision == first.decision
+    assert {i for step in recorder.intervals for i in step} == {first.decision.interval}
+
+
+def test_backup_and_restore_keeps_the_decision(tmp_path):
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("interrupted")
+
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    first = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    model = new_model(mirrored(2), optimizer_class=SlowAverage)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(model, [first, backup, Interrupt()], epochs=2)
+    restarted = new_model(mirrored(2), optimizer_class=SlowAverage)
+    second = keras_skip.AdaptiveIntervalCallback(verbose=0)
+    recorder = Recorder()
+    # The adaptive callback comes first: the restore happens after its
+    # on_train_begin, and it must still notice the restored decision.
+    fit(restarted, [second, backup, recorder], epochs=2)
+    assert second.probes == 0
+    assert second.decision == first.decision
+    assert {i for step in recorder.intervals for i in step} == {first.decision.interval}
+
+
+def test_decision_is_printed_when_verbose(capsys):
+    model = new_model(mirrored(2), optimizer_class=SlowAverage)
+    fit(model, [keras_skip.AdaptiveIntervalCallback()])
+    out = capsys.readouterr().out
+    assert "AdaptiveIntervalCallback: t_comp" in out and "-> interval" in out
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        (
+            {"target_ratio": 0},
+            ValueError,
+            r"`target_ratio` must be a number > 0\. Received: target_ratio=0",
+        ),
+        ({"target_ratio": -1.5}, ValueError, r"target_ratio=-1\.5"),
+        ({"target_ratio": "1"}, TypeError, r"target_ratio='1'"),
+        (
+            {"max_interval": 0},
+            ValueError,
+            r"`max_interval` must be an integer >= 1\. Received: max_interval=0",
+        ),
+        ({"max_interval": 2.5}, TypeError, r"max_interval=2\.5"),
+    ],
+)
+def test_callback_rejects_bad_arguments(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        keras_skip.AdaptiveIntervalCallback(**kwargs)
+
+
+def test_callback_needs_a_skip_correction_optimizer():
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="SkipCorrectionOptimizer"):
+        fit(model, [keras_skip.AdaptiveIntervalCallback()])

@@ -1,0 +1,87 @@
+"""The baselines of the adaptive interval and the overhead benchmark."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import mirrored
+
+import keras_skip
+from keras_skip.bench import baselines, overhead
+
+D = 8
+
+
+def data(n=512):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, D)).astype("float32")
+    return x, (x[:, 0] > 0).astype("int32")
+
+
+def make_model(interval, replicas=2):
+    keras.utils.set_random_seed(0)
+    strategy = mirrored(replicas)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(2)])
+        model.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(
+                keras.optimizers.SGD(0.1), interval=interval
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    return model
+
+
+def test_adacomm_all_reduces_the_loss_and_recomputes_the_interval_at_every_average():
+    x, y = data()
+    model = make_model(4)
+    adacomm = baselines.AdaCommCallback(initial_interval=4, max_interval=16)
+    model.fit(
+        x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[adacomm]
+    )
+    averages = model.optimizer.averages_performed
+    # One loss all-reduce per interval average; at most one boundary average
+    # per epoch does not count.
+    assert averages - 2 <= adacomm.collectives <= averages
+    assert adacomm.collectives >= 4
+    assert len(adacomm.intervals) == adacomm.collectives
+    assert all(1 <= h <= 16 for h in adacomm.intervals)
+    assert adacomm.bytes_sent == 8 * adacomm.collectives
+    assert adacomm.overhead_seconds > 0
+    # The loss falls, so the AdaComm rule shrinks the interval below H_0.
+    assert adacomm.intervals[-1] < 4
+
+
+def test_grid_search_tries_every_candidate_and_counts_its_communication():
+    x, y = data()
+    result = baselines.grid_search_interval(
+        make_model, x, y, batch_size=32, candidates=(1, 4), trial_steps=8
+    )
+    assert [t.interval for t in result.trials] == [1, 4]
+    assert result.trials[0].communications == 8  # a gradient all-reduce per step
+    assert result.trials[1].communications == 2 + 0  # averages after steps 4 and 8
+    assert result.collectives == 10
+    assert result.bytes_sent == 10 * (D * 2 + 2) * 4
+    assert result.interval in (1, 4)
+    assert result.seconds >= sum(t.seconds for t in result.trials)
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_runs_and_reports_every_strategy(capsys):
+    rows = overhead.run(
+        epochs=1,
+        replicas=2,
+        hidden=(16,),
+        trial_steps=3,
+        candidates=(1, 8),
+        verbose=False,
+    )
+    assert [r.strategy.split(" ")[0] for r in rows] == [
+        "AdaptiveIntervalCallback",
+        "AdaComm-style",
+        "grid",
+    ]
+    ours, _adacomm, grid = rows
+    assert ours.collectives == 2
+    assert grid.choosing_seconds > ours.choosing_seconds
+    table = overhead.format_table(rows)
+    assert "x ours" in table and "of its training time choosing" in table

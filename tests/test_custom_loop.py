@@ -1,0 +1,311 @@
+"""SkipCorrectionOptimizer in a custom training loop (strategy.run + GradientTape)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import components, max_replica_spread, mirrored
+from test_against_reference import (
+    EPOCHS,
+    GLOBAL_BATCH,
+    REPLICAS,
+    STEPS_PER_EPOCH,
+    D,
+    assert_relative,
+    corrections_of,
+    make_data,
+    reference,
+    start_weights,
+    weights_of,
+)
+
+import keras_skip
+from keras_skip import maths
+
+
+def linear_model(strategy, make_inner, **skip):
+    kernel, bias = start_weights()
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((D,)),
+                keras.layers.Dense(
+                    1,
+                    kernel_initializer=keras.initializers.Constant(kernel),
+                    bias_initializer=keras.initializers.Constant(bias),
+                ),
+            ]
+        )
+        optimizer = keras_skip.SkipCorrectionOptimizer(make_inner(), **skip)
+        optimizer.build(model.trainable_variables)
+    optimizer.attach(model)
+    return model, optimizer
+
+
+def make_step(strategy, model, optimizer, loss_style):
+    keras_loss = keras.losses.MeanSquaredError()
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            prediction = model(x, training=True)
+            if loss_style == "compute_average_loss":
+                per_example = tf.reduce_mean(tf.square(prediction - y), axis=-1)
+                loss = tf.nn.compute_average_loss(
+                    per_example, global_batch_size=GLOBAL_BATCH
+                )
+            else:  # a Keras loss scales by 1 / replicas itself in replica context
+                loss = keras_loss(y, prediction)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def step(batch):
+        return strategy.run(replica_step, args=batch)
+
+    return step
+
+
+def dataset(strategy):
+    x, y = make_data()
+    xs = x.reshape(-1, D).astype("float32")
+    ys = y.reshape(-1, 1).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(GLOBAL_BATCH)
+    return strategy.experimental_distribute_dataset(data)
+
+
+def train(
+    strategy,
+    model,
+    optimizer,
+    loss_style="compute_average_loss",
+    epochs=EPOCHS,
+    boundary="eager",
+):
+    step = make_step(strategy, model, optimizer, loss_style)
+
+    @tf.function
+    def average_in_graph():
+        return optimizer.average()
+
+    for _ in range(epochs):
+        for batch in dataset(strategy):
+            step(batch)
+        if boundary == "eager":
+            optimizer.average()
+        else:
+            with strategy.scope():
+                average_in_graph()
+
+
+@pytest.mark.parametrize("loss_style", ["compute_average_loss", "keras_loss"])
+def test_custom_loop_matches_the_reference(loss_style):
+    strategy = mirrored(REPLICAS)
+    model, optimizer = linear_model(
+        strategy, lambda: keras.optimizers.SGD(0.05, momentum=0.9), interval=3
+    )
+    train(strategy, model, optimizer, loss_style)
+    expected = reference(maths.sgd(0.9), interval=3, correction=1.0)
+    assert_relative(weights_of(model), expected.x)
+    assert_relative(corrections_of(optimizer), expected.correction)
+    assert optimizer.averages_performed == expected.averages
+
+
+def test_interval_1_in_a_custom_loop_is_synchronous_adam():
+    strategy = mirrored(REPLICAS)
+    model, optimizer = linear_model(
+        strategy, lambda: keras.optimizers.Adam(0.01), interval=1
+    )
+    train(strategy, model, optimizer)
+    expected = maths.synchronous(
+        reference_start(),
+        reference_grads(),
+        n=REPLICAS,
+        steps=STEPS_PER_EPOCH * EPOCHS,
+        learning_rate=0.01,
+        inner=maths.adam(),
+    )
+    assert_relative(weights_of(model)[0], expected)
+
+
+def reference_start():
+    kernel, bias = start_weights()
+    return np.concatenate([kernel[:, 0], bias])
+
+
+def reference_grads():
+    from test_against_reference import grad_fn
+
+    return grad_fn(*make_data())
+
+
+def test_boundary_average_from_inside_a_tf_function():
+    strategy = mirrored(REPLICAS)
+    model, optimizer = linear_model(
+        strategy, lambda: keras.optimizers.SGD(0.05), interval=100
+    )
+    step = make_step(strategy, model, optimizer, "compute_average_loss")
+    for batch in dataset(strategy):
+        step(batch)
+    assert max_replica_spread(model.trainable_variables) > 0
+    assert optimizer.local_steps_since_average == STEPS_PER_EPOCH
+
+    @tf.function
+    def average_in_replica_context():
+        return strategy.run(lambda: optimizer.average())
+
+    average_in_replica_context()
+    assert max_replica_spread(model.trainable_variables) == 0
+    assert optimizer.local_steps_since_average == 0
+    assert optimizer.averages_performed == 1
+    assert optimizer.average() is False  # nothing pending: no communication
+
+
+def test_the_graph_boundary_average_matches_the_eager_one():
+    results = []
+    for boundary in ("eager", "graph"):
+        strategy = mirrored(REPLICAS)
+        model, optimizer = linear_model(
+            strategy, lambda: keras.optimizers.SGD(0.05), interval=4
+        )
+        train(strategy, model, optimizer, boundary=boundary)
+        results.append(weights_of(model))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_multi_replica_custom_loop_without_attach_is_a_clear_error():
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1)])
+        optimizer = keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05))
+    step = make_step(strategy, model, optimizer, "keras_loss")
+    batch = next(iter(dataset(strategy)))
+    with pytest.raises(RuntimeError, match=r"optimizer\.attach\(model\)"):
+        step(batch)
+
+
+def checkpointed_run(tmp_path, split):
+    """Adam with local slots on 4 replicas; checkpoint after `split` epochs,
+    restore into fresh objects, continue. split=None: uninterrupted."""
+    strategy = mirrored(REPLICAS)
+    make_inner = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    model, optimizer = linear_model(strategy, make_inner, interval=3)
+    if split is None:
+        train(strategy, model, optimizer, epochs=2)
+        return model, optimizer
+    train(strategy, model, optimizer, epochs=split)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=2)
+    manager.save()
+    strategy = mirrored(REPLICAS)
+    restored_model, restored_optimizer = linear_model(strategy, make_inner, interval=9)
+    status = tf.train.Checkpoint(
+        model=restored_model, optimizer=restored_optimizer
+    ).restore(manager.latest_checkpoint)
+    status.assert_existing_objects_matched()
+    assert restored_optimizer.interval == 3
+    for a, b in zip(optimizer.variables, restored_optimizer.variables, strict=True):
+        for ca, cb in zip(components(a), components(b), strict=True):
+            np.testing.assert_array_equal(cb, ca)
+    train(strategy, restored_model, restored_optimizer, epochs=2 - split)
+    return restored_model, restored_optimizer
+
+
+def test_tf_train_checkpoint_restores_every_replica_and_training_continues_exactly(
+    tmp_path,
+):
+    uninterrupted, optimizer_a = checkpointed_run(tmp_path / "a", None)
+    resumed, optimizer_b = checkpointed_run(tmp_path / "b", 1)
+    np.testing.assert_allclose(
+        weights_of(resumed), weights_of(uninterrupted), rtol=1e-6
+    )
+    assert (
+        max_replica_spread(optimizer_b._slot_variables()) > 0
+    )  # slots differ per replica
+    for a, b in zip(
+        optimizer_a._slot_variables(), optimizer_b._slot_variables(), strict=True
+    ):
+        for ca, cb in zip(components(a), components(b), strict=True):
+            np.testing.assert_allclose(cb, ca, rtol=1e-6, atol=1e-9)
+    assert optimizer_b.averages_performed == optimizer_a.averages_performed
+
+
+def test_checkpoint_restored_on_another_replica_count_warns(tmp_path):
+    strategy = mirrored(REPLICAS)
+    model, optimizer = linear_model(
+        strategy, lambda: keras.optimizers.SGD(0.05, momentum=0.9), interval=3
+    )
+    train(strategy, model, optimizer, epochs=1)
+    path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    _other_model, other = linear_model(
+        mirrored(2), lambda: keras.optimizers.SGD(0.05, momentum=0.9), interval=3
+    )
+    with pytest.warns(UserWarning, match="corrections restart from zero"):
+        tf.train.Checkpoint(optimizer=other).restore(path)
+    for c in other._corrections:
+        assert all(not np.any(copy) for copy in components(c))
+    momentum = other._slot_variables()[0]
+    expected = np.mean(components(optimizer._slot_variables()[0]), axis=0)
+    np.testing.assert_allclose(components(momentum)[0], expected, rtol=1e-6)
+
+
+def test_choose_interval_in_a_custom_loop_and_keep_it_after_a_restore(tmp_path):
+    strategy = mirrored(2)
+    model, optimizer = linear_model(
+        strategy, lambda: keras.optimizers.SGD(0.05), interval=7
+    )
+    step = make_step(strategy, model, optimizer, "compute_average_loss")
+    batches = iter(dataset(strategy))
+    optimizer.interval = 1
+    step(next(batches))  # traces the step function
+    calls = []
+
+    def run_local_steps():
+        calls.append(optimizer.interval)
+        step(next(batches))
+
+    decision = keras_skip.choose_interval(optimizer, run_local_steps, steps=1)
+    assert len(calls) == 2 and all(c > 10**9 for c in calls)  # local steps only
+    assert optimizer.interval == decision.interval
+    assert optimizer.interval_decision == decision
+    assert decision.interval == maths.adaptive_interval(
+        decision.t_comm, decision.t_comp
+    )
+    assert optimizer.local_steps_since_average == 0
+    path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    _, restored = linear_model(
+        mirrored(2), lambda: keras.optimizers.SGD(0.05), interval=7
+    )
+    tf.train.Checkpoint(optimizer=restored).restore(path)
+    again = keras_skip.choose_interval(restored, lambda: pytest.fail("probed again"))
+    assert again == decision
+    assert restored.interval == decision.interval
+
+
+def test_choose_interval_needs_a_built_optimizer():
+    optimizer = keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05))
+    with pytest.raises(ValueError, match="run one training step first"):
+        keras_skip.choose_interval(optimizer, lambda: None)
+
+
+@pytest.mark.slow
+def test_custom_loop_on_two_workers_ends_with_identical_weights(tmp_path):
+    import sys
+
+    from workers import custom_loop_worker
+
+    from keras_skip.bench import launcher
+
+    result = launcher.launch(
+        [sys.executable, custom_loop_worker.__file__, str(tmp_path)],
+        2,
+        timeout=240,
+        log_dir=tmp_path / "logs",
+    )
+    assert result.ok, result.failure_report()
+    outputs = [np.load(tmp_path / f"worker-{i}.npz") for i in range(2)]
+    np.testing.assert_array_equal(outputs[0]["weights"], outputs[1]["weights"])
+    assert np.abs(outputs[0]["first_local"] - outputs[1]["first_local"]).max() > 1e-6
+    # 256 / 16 = 16 steps per epoch, interval 3: 5 interval averages and a
+    # boundary average per epoch.
+    assert int(outputs[0]["averages"]) == 12

@@ -1,0 +1,256 @@
+"""MultiWorkerMirroredStrategy with real worker processes on 127.0.0.1.
+
+Every test bounds its workers' time and the launcher kills every process it
+started, also when a test fails.
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import components, mirrored
+from workers import fit_worker
+
+from keras_skip.bench import launcher
+
+WORKER = [sys.executable, fit_worker.__file__]
+
+
+def run_workers(tmp_path, n, timeout=240, kill=None, log_dir=None, **config):
+    config = {**config, "out": str(tmp_path)}
+    result = launcher.launch(
+        [*WORKER, json.dumps(config)],
+        n,
+        timeout=timeout,
+        kill=kill,
+        log_dir=log_dir or tmp_path / "logs",
+    )
+    return result
+
+
+def outputs(tmp_path, n):
+    return [dict(np.load(tmp_path / f"worker-{i}.npz")) for i in range(n)]
+
+
+def mirrored_reference(n, **overrides):
+    """The same training on n MirroredStrategy replicas of this process."""
+    import keras_skip
+
+    config = {**fit_worker.DEFAULTS, **overrides}
+    x, y = fit_worker.make_data(config)
+    strategy = mirrored(n)
+    model = fit_worker.build_model(config, strategy)
+    callbacks = (
+        [keras_skip.SkipCorrectionCallback()] if config["mode"] == "skip" else []
+    )
+    batch = config["batch_per_replica"] * n
+    if config["dataset"]:
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+        model.fit(data, epochs=config["epochs"], verbose=0, callbacks=callbacks)
+    else:
+        model.fit(
+            x,
+            y,
+            batch_size=batch,
+            epochs=config["epochs"],
+            shuffle=False,
+            verbose=0,
+            callbacks=callbacks,
+        )
+    weights = np.concatenate([w.ravel() for w in model.get_weights()])
+    corrections = None
+    if config["mode"] == "skip":
+        per_variable = [components(c) for c in model.optimizer._corrections]
+        corrections = [
+            np.concatenate([copies[r].ravel() for copies in per_variable])
+            for r in range(n)
+        ]
+    return weights, corrections
+
+
+def assert_workers_agree(results):
+    for r in results[1:]:
+        np.testing.assert_array_equal(r["weights"], results[0]["weights"])
+        np.testing.assert_array_equal(
+            r["after_average_digests"], results[0]["after_average_digests"]
+        )
+
+
+@pytest.mark.slow
+def test_four_workers_equal_four_mirrored_replicas(tmp_path):
+    config = dict(interval=3, correction=1.0, momentum=0.5, epochs=2, validation=True)
+    result = run_workers(tmp_path, 4, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 4)
+    assert_workers_agree(results)
+    # 256 samples / (4 x 8) = 8 steps per epoch: averages after steps 3, 6, the
+    # epoch boundary (8), then 11, 14 and 16.
+    assert results[0]["after_averages"].tolist() == [3, 6, 8, 11, 14, 16]
+    assert results[0]["averages"] == 6
+    # Each worker trained on its own shard: after the first (local) step
+    # their weights differ.
+    first = [r["first_step"] for r in results]
+    assert all(np.abs(first[i] - first[0]).max() > 1e-6 for i in range(1, 4))
+    weights, corrections = mirrored_reference(4, **config)
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+    for i in range(4):
+        np.testing.assert_allclose(
+            results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
+        )
+
+
+@pytest.mark.slow
+def test_plain_optimizer_tf_data_and_steps_per_execution(tmp_path):
+    config = dict(
+        mode="stock", dataset=True, steps_per_execution=3, validation=True, epochs=2
+    )
+    result = run_workers(tmp_path, 2, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    np.testing.assert_array_equal(results[0]["weights"], results[1]["weights"])
+    assert results[0]["iterations"] == 2 * 256 // 16
+    weights, _ = mirrored_reference(2, **config)
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_stock_keras_still_fails_under_multi_worker(tmp_path):
+    """Pins the Keras bug that keras_skip._compat patches (symbolic build)."""
+    result = run_workers(tmp_path, 2, mode="unfixed", timeout=120)
+    assert not result.timed_out
+    assert all(w.returncode != 0 for w in result.workers)
+    assert "with an unsupported type" in result.workers[0].log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"set_interval": 5}, "interval: worker 0 3, worker 1 5"),
+        ({"correction": 0.5}, "correction: worker 0 1, worker 1 0.5"),
+        ({"version": "9.9.9"}, "keras-skip version"),
+        ({"adaptive": True}, "callback"),
+    ],
+)
+def test_configuration_mismatch_is_a_clear_error_on_every_worker(
+    tmp_path, override, message
+):
+    workers = {"1": override}
+    if "set_interval" in override:
+        workers["0"] = {"set_interval": "build only"}  # both build before fit
+    result = run_workers(tmp_path, 2, timeout=120, workers=workers)
+    assert not result.timed_out, result.failure_report()
+    for worker in result.workers:
+        assert worker.returncode != 0
+        assert "The workers are not configured alike" in worker.log, worker.log[-2000:]
+        assert message in worker.log
+        assert "STEP" not in worker.log  # it failed before the first step
+
+
+@pytest.mark.slow
+def test_dead_peer_ends_the_survivor_within_the_peer_timeout(tmp_path):
+    result = run_workers(
+        tmp_path,
+        2,
+        timeout=120,
+        epochs=3,
+        peer_timeout=2.0,
+        workers={"1": {"pause_epoch": 1, "pause_seconds": 60}},
+        kill=launcher.Kill(worker=1, when="EPOCH 1 BEGIN"),
+    )
+    assert not result.timed_out, result.failure_report()
+    survivor = result.workers[0]
+    assert survivor.returncode != 0
+    assert "UnavailableError" in survivor.log or "unhealthy" in survivor.log
+    assert survivor.seconds - result.killed_at < 20, (
+        survivor.seconds,
+        result.killed_at,
+    )
+
+
+@pytest.mark.slow
+def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path):
+    config = dict(interval=3, momentum=0.5, epochs=3, peer_timeout=2.0)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    result = run_workers(reference, 2, **config)
+    assert result.ok, result.failure_report()
+    expected = outputs(reference, 2)
+
+    backup = str(tmp_path / "backup")
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    killed = run_workers(
+        attempt,
+        2,
+        backup_dir=backup,
+        workers={"1": {"pause_epoch": 2, "pause_seconds": 60}},
+        kill=launcher.Kill(worker=1, when="EPOCH 2 BEGIN"),
+        **config,
+    )
+    assert not killed.timed_out and not killed.ok, killed.failure_report()
+    # Epochs 0 and 1 were backed up; restarting resumes at epoch 2.
+    restarted = run_workers(
+        attempt, 2, backup_dir=backup, log_dir=attempt / "logs2", **config
+    )
+    assert restarted.ok, restarted.failure_report()
+    log = restarted.workers[0].log
+    assert "EPOCH 0 BEGIN" not in log and "EPOCH 2 BEGIN" in log
+    results = outputs(attempt, 2)
+    for got, want in zip(results, expected, strict=True):
+        np.testing.assert_array_equal(got["weights"], want["weights"])
+        np.testing.assert_array_equal(got["corrections"], want["corrections"])
+        assert got["iterations"] == want["iterations"]
+        assert got["averages"] == want["averages"]
+
+
+@pytest.mark.slow
+def test_restart_keeps_the_adaptive_decision(tmp_path):
+    backup = str(tmp_path / "backup")
+    config = dict(adaptive=True, epochs=3, peer_timeout=2.0, backup_dir=backup)
+    killed = run_workers(
+        tmp_path,
+        2,
+        workers={"1": {"pause_epoch": 2, "pause_seconds": 60}},
+        kill=launcher.Kill(worker=1, when="EPOCH 2 BEGIN"),
+        **config,
+    )
+    assert not killed.timed_out and not killed.ok
+    restarted = run_workers(tmp_path, 2, log_dir=tmp_path / "logs2", **config)
+    assert restarted.ok, restarted.failure_report()
+    results = outputs(tmp_path, 2)
+    for r in results:
+        assert r["probes"] == 0  # the decision came from the backup
+    np.testing.assert_array_equal(results[0]["decision"], results[1]["decision"])
+    assert results[0]["decision"][0] >= 1
+
+
+def test_launcher_kills_every_worker_on_timeout(tmp_path):
+    start = time.monotonic()
+    result = launcher.launch(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        3,
+        timeout=3,
+        log_dir=tmp_path,
+    )
+    assert result.timed_out and not result.ok
+    assert time.monotonic() - start < 40
+    assert all(w.returncode is None for w in result.workers)
+    assert all("up" in w.log for w in result.workers)
+
+
+def test_launcher_reports_exit_codes_and_sets_tf_config(tmp_path):
+    script = (
+        "import json, os, sys; c = json.loads(os.environ['TF_CONFIG']); "
+        "print(c['task']['index'], len(c['cluster']['worker']), "
+        "os.environ['TF_NUM_INTRAOP_THREADS']); sys.exit(c['task']['index'])"
+    )
+    result = launcher.launch(
+        [sys.executable, "-c", script], 2, timeout=60, log_dir=tmp_path
+    )
+    assert [w.returncode for w in result.workers] == [0, 1]
+    assert result.workers[1].log.split() == ["1", "2", "1"]
+    assert not result.ok

@@ -1,0 +1,195 @@
+"""A MultiWorkerMirroredStrategy worker for the multi-worker tests.
+
+Run by keras_skip.bench.launcher with TF_CONFIG set. The only argument is a
+JSON configuration (see DEFAULTS); a "workers" entry maps a worker index to
+overrides for that worker. Writes worker-<i>.npz into config["out"] and
+prints marker lines the tests wait for.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+DEFAULTS = {
+    "mode": "skip",  # "skip", "stock" (plain Keras optimizer) or "unfixed"
+    "interval": 3,
+    "correction": 1.0,
+    "adaptive": False,
+    "momentum": 0.0,
+    "epochs": 2,
+    "samples": 256,
+    "batch_per_replica": 8,
+    "steps_per_execution": 1,
+    "dataset": False,
+    "validation": False,
+    "backup_dir": None,
+    "peer_timeout": 10.0,
+    "pause_epoch": None,  # sleep at the start of this epoch (a window to kill in)
+    "pause_seconds": 0.0,
+    "version": None,  # pretend to be another keras-skip version
+    "set_interval": None,  # change the interval after the optimizer is created
+    "seed": 0,
+    "out": ".",
+}
+
+
+def make_data(config):
+    import numpy as np
+
+    rng = np.random.default_rng(config["seed"])
+    x = rng.normal(size=(config["samples"], 6)).astype("float32")
+    noise = 0.1 * rng.normal(size=(config["samples"], 1))
+    y = (x @ rng.normal(size=(6, 1)) + noise).astype("float32")
+    return x, y
+
+
+def build_model(config, strategy):
+    """The model, compiled under `strategy`, with seeded initial weights."""
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(
+                    16,
+                    activation="tanh",
+                    kernel_initializer=keras.initializers.GlorotUniform(1),
+                ),
+                keras.layers.Dense(
+                    1, kernel_initializer=keras.initializers.GlorotUniform(2)
+                ),
+            ]
+        )
+        inner = keras.optimizers.SGD(0.05, momentum=config["momentum"])
+        if config["mode"] == "skip":
+            import keras_skip
+
+            optimizer = keras_skip.SkipCorrectionOptimizer(
+                inner, interval=config["interval"], correction=config["correction"]
+            )
+        else:
+            optimizer = inner
+        model.compile(
+            optimizer=optimizer,
+            loss="mse",
+            steps_per_execution=config["steps_per_execution"],
+        )
+    return model
+
+
+def main():
+    config = dict(DEFAULTS)
+    given = json.loads(sys.argv[1])
+    index = int(os.environ["KERAS_SKIP_WORKER"])
+    config.update({k: v for k, v in given.items() if k != "workers"})
+    config.update(given.get("workers", {}).get(str(index), {}))
+
+    import numpy as np
+    import tensorflow as tf
+
+    if config["mode"] == "unfixed":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        import keras_skip
+        from keras_skip import _compat, _version
+
+        _compat.apply_keras_fixes()
+        if config["version"]:
+            _version.__version__ = config["version"]
+        strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
+    import keras
+
+    keras.utils.set_random_seed(config["seed"])
+    x, y = make_data(config)
+    global_batch = config["batch_per_replica"] * strategy.num_replicas_in_sync
+    model = build_model(config, strategy)
+    optimizer = model.optimizer
+    if config["set_interval"]:
+        # Variables start from worker 0's values (MultiWorkerMirroredStrategy
+        # broadcasts them), so only a change after building differs. Every
+        # worker builds (variable creation is itself a collective).
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+        if config["set_interval"] != "build only":
+            optimizer.interval = config["set_interval"]
+
+    def digest():
+        h = hashlib.sha1()
+        for w in model.get_weights():
+            h.update(np.ascontiguousarray(w).tobytes())
+        return h.hexdigest()[:16]
+
+    class Markers(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.after_averages = []  # (step, digest) right after each average
+            self.first_step = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            print(f"EPOCH {epoch} BEGIN", flush=True)
+            if epoch == config["pause_epoch"]:
+                time.sleep(config["pause_seconds"])
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if self.first_step is None:
+                self.first_step = [w.copy() for w in self.model.get_weights()]
+            if config["mode"] == "skip" and optimizer.local_steps_since_average == 0:
+                self.after_averages.append((step, digest()))
+            print(f"STEP {step}", flush=True)
+
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"EPOCH {epoch} END {digest()}", flush=True)
+
+    markers = Markers()
+    callbacks = []
+    if config["backup_dir"]:
+        callbacks.append(keras_skip.BackupAndRestore(config["backup_dir"]))
+    adaptive = None
+    if config["mode"] == "skip":
+        if config["adaptive"]:
+            adaptive = keras_skip.AdaptiveIntervalCallback(verbose=0)
+            callbacks.append(adaptive)
+        else:
+            callbacks.append(keras_skip.SkipCorrectionCallback())
+
+    callbacks.append(markers)  # last: it sees the boundary averages
+    if config["dataset"]:
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+        fit_args = dict(x=data)
+    else:
+        fit_args = dict(x=x, y=y, batch_size=global_batch, shuffle=False)
+    if config["validation"]:
+        fit_args["validation_data"] = (x[:64], y[:64])
+    history = model.fit(
+        epochs=config["epochs"], verbose=0, callbacks=callbacks, **fit_args
+    )
+
+    result = {
+        "weights": np.concatenate([w.ravel() for w in model.get_weights()]),
+        "first_step": np.concatenate([w.ravel() for w in markers.first_step]),
+        "loss": np.array(history.history["loss"]),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "after_averages": np.array([s for s, _ in markers.after_averages]),
+        "after_average_digests": np.array([d for _, d in markers.after_averages]),
+        "evaluate": model.evaluate(x[:64], y[:64], verbose=0),
+    }
+    if config["mode"] == "skip":
+        corrections = [c for c in optimizer._corrections if c is not None]
+        result["corrections"] = np.concatenate([c.numpy().ravel() for c in corrections])
+        result["averages"] = optimizer.averages_performed
+        if adaptive is not None:
+            decision = optimizer.interval_decision
+            result["decision"] = np.array(
+                [decision.interval, decision.t_comp, decision.t_comm]
+            )
+            result["probes"] = adaptive.probes
+    np.savez(os.path.join(config["out"], f"worker-{index}.npz"), **result)
+    print(f"DONE {digest()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
