@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from keras_skip import demo
-from keras_skip.bench import workloads
+from keras_skip.bench import devices, workloads
 
 
 def main() -> None:
@@ -24,7 +23,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
 
-    demo.configure_replicas(4)
+    devices.configure_replicas(4)
     import keras
 
     import keras_skip
@@ -43,7 +42,7 @@ def main() -> None:
         for policy in ("local", "average", "reset"):
             accuracies, megabytes = [], 0.0
             for seed in args.seeds:
-                strategy = demo.mirrored_strategy(4)
+                strategy = devices.mirrored_strategy(4)
                 keras.utils.set_random_seed(seed)
                 with strategy.scope():
                     model = keras.Sequential(

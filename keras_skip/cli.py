@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 
 def _positive(text: str) -> int:
@@ -20,28 +22,51 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
-        help="synchronous SGD against skip+correction on 4 CPU replicas",
+        help="synchronous SGD against skip+correction with 4 worker processes, "
+        "over emulated 100 Mbit/s links when possible (about 2 minutes)",
     )
-    demo.add_argument("--epochs", type=_positive, default=5)
-    demo.add_argument("--replicas", type=_positive, default=4)
-    demo.add_argument("--interval", type=_positive, default=8)
-    demo.add_argument("--batch-per-replica", type=_positive, default=32)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.add_argument("--workers", type=_positive, default=4)
+    demo.add_argument(
+        "--bandwidth",
+        default="100mbit",
+        help="every worker's link (tc rate), or 'none' for loopback",
+    )
+    demo.add_argument("--epochs", type=_positive, default=3)
+    demo.add_argument("--out", help="directory for results.json and plots")
+    commands.add_parser(
+        "bench",
+        add_help=False,
+        help="time to accuracy over emulated slow links (`keras-skip bench --help`)",
+    )
     return parser
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "bench":
+        from keras_skip.bench import harness
+
+        return harness.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         from keras_skip import demo
 
-        demo.run(
-            epochs=args.epochs,
-            replicas=args.replicas,
-            interval=args.interval,
-            batch_per_replica=args.batch_per_replica,
-            verbose=0 if args.quiet else 1,
-            seed=args.seed,
-        )
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            demo.run(
+                workers=args.workers,
+                bandwidth=args.bandwidth,
+                epochs=args.epochs,
+                out=args.out,
+            )
+        except KeyboardInterrupt:
+            print(
+                "Interrupted; every worker process and network namespace was removed."
+            )
+            return 130
     return 0

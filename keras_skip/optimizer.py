@@ -161,6 +161,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return int(self._averages.numpy()) if self.built else 0
 
     @property
+    def synchronous_steps(self) -> int:
+        """Steps taken synchronously (interval 1 or warm-up): each all-reduced
+        the gradients."""
+        return int(self._synchronous.numpy()) if self.built else 0
+
+    @property
     def local_steps_since_average(self) -> int:
         """Local steps taken since the last average (0 right after one)."""
         return int(self._local_steps.numpy()) if self.built else 0
@@ -246,6 +252,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._gamma = self.add_variable((), dtype="float32", name="gamma")
         self._local_steps = self.add_variable((), dtype="int64", name="local_steps")
         self._averages = self.add_variable((), dtype="int64", name="averages")
+        self._synchronous = self.add_variable(
+            (), dtype="int64", name="synchronous_steps"
+        )
+
         # 1 while the inner optimizer's slots differ between replicas (policy
         # "local"): a synchronous step must not start from them.
         self._slots_apart = self.add_variable((), dtype="int64", name="slots_apart")
@@ -343,6 +353,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 )
             for g, v in zip(grads, variables, strict=True):
                 extended.update(v, self._inner_update, args=(g, lr), group=False)
+            self._synchronous.value.assign_add(1)
             return tf.constant(False)
 
         def local_step():
@@ -503,6 +514,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return state
 
     def save_own_variables(self, store):
+        if not self.built:
+            return  # no state yet: a model saved before training
         for i, v in enumerate(self.variables):
             store[str(i)] = v.numpy()
         for i, variable, _ in self._per_replica_state():
@@ -523,6 +536,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # Keras' weight stores support keys() but neither `in` nor iteration.
         keys = set(store.keys())
         saved = sum(1 for k in keys if k.isdigit())
+        if saved == 0:
+            return  # saved before the optimizer was built: nothing to restore
         if saved != len(variables):
             raise ValueError(
                 f"Cannot load the state of SkipCorrectionOptimizer '{self.name}': "

@@ -50,7 +50,30 @@ def test_importing_after_keras_registers_the_classes_for_loading():
     assert "SkipCorrectionOptimizer" in result.stdout
 
 
+def test_importing_before_keras_still_registers_the_classes(tmp_path):
+    path = tmp_path / "model.keras"
+    result = run_python(
+        "import keras_skip, sys\n"
+        "assert 'tensorflow' not in sys.modules\n"
+        "import keras\n"
+        "model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
+        "model.compile(optimizer=keras_skip.SkipCorrectionOptimizer("
+        "keras.optimizers.SGD(0.1)), loss='mse')\n"
+        f"model.save({str(path)!r})\n"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_python(
+        "import keras_skip\n"
+        "import keras\n"
+        f"model = keras.models.load_model({str(path)!r})\n"
+        "print(type(model.optimizer).__name__)\n"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("SkipCorrectionOptimizer")
+
+
 def test_missing_tensorflow_is_a_clear_error():
+
     result = run_python(
         "import sys; sys.modules['tensorflow'] = None; import keras_skip"
     )

@@ -18,8 +18,7 @@ import dataclasses
 import json
 import time
 
-from keras_skip import demo
-from keras_skip.bench import baselines, workloads
+from keras_skip.bench import baselines, devices, workloads
 
 
 @dataclasses.dataclass
@@ -43,7 +42,7 @@ def run(
     seed: int = 0,
     verbose: bool = True,
 ) -> list[OverheadRow]:
-    demo.configure_replicas(replicas)
+    devices.configure_replicas(replicas)
     import keras
 
     import keras_skip
@@ -52,7 +51,7 @@ def run(
     batch_size = batch_per_replica * replicas
 
     def make_model(interval: int):
-        strategy = demo.mirrored_strategy(replicas)
+        strategy = devices.mirrored_strategy(replicas)
         keras.utils.set_random_seed(seed)
         with strategy.scope():
             model = workloads.mlp(hidden)

@@ -44,3 +44,20 @@ def classification_loss():
     import keras
 
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def cnn(classes: int = 10):
+    """A small CNN for 28x28 images: two 3x3 convolutions with pooling."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(classes),
+        ]
+    )

@@ -1,0 +1,515 @@
+"""Time to accuracy over slow links: ``keras-skip bench``.
+
+Runs every method on the same workload with N MultiWorkerMirroredStrategy
+worker processes, either on loopback or, as root, each in its own network
+namespace behind a rate-limited link (:mod:`keras_skip.bench.netem`). For
+each method it measures wall time to a target validation accuracy, epochs to
+target, accuracy after the epoch budget, synchronizations and bytes sent,
+the chosen interval and the compute utilisation; it prints a table and
+writes ``results.json`` and PNG plots.
+
+Methods: ``sync`` (synchronous SGD with a stock Keras optimizer), ``local``
+(plain local SGD: ``correction=0``, fixed interval), ``skip`` (skip+correction,
+fixed interval), ``adaptive`` (skip+correction with AdaptiveIntervalCallback,
+once per ``--target-ratios`` value), ``adacomm`` (the AdaComm-style baseline),
+and ``nocomm``: the same local steps with no averaging at all, which only
+gives the compute-only epoch time, the physical limit of skipping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import pathlib
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from keras_skip.bench import launcher, netem
+
+ALL_METHODS = ("sync", "local", "skip", "adaptive", "adacomm", "nocomm")
+
+
+@dataclasses.dataclass
+class MethodResult:
+    name: str
+    label: str
+    epochs: list[dict]
+    synchronizations: int
+    payload_bytes: int
+    wire_bytes: int | None
+    intervals: list[int]
+    decision: dict | None
+    seconds: float
+
+    def time_to(self, target: float) -> tuple[float | None, int | None]:
+        for record in self.epochs:
+            accuracy = record.get("val_accuracy")
+            if accuracy is not None and accuracy >= target:
+                return record["seconds"], record["epoch"]
+        return None, None
+
+    @property
+    def final_accuracy(self) -> float | None:
+        return self.epochs[-1].get("val_accuracy") if self.epochs else None
+
+    @property
+    def epoch_seconds(self) -> float:
+        """Median training time (validation excluded) of the epochs after the
+        first, which includes tracing."""
+        times = [r["seconds"] - r.get("validation_seconds", 0.0) for r in self.epochs]
+
+        steady = [b - a for a, b in itertools.pairwise(times)]
+
+        if not steady:
+            return times[0] if times else math.nan
+        steady.sort()
+        return steady[len(steady) // 2]
+
+
+def method_plan(args) -> list[tuple[str, str, dict]]:
+    """``(name, label, worker config overrides)`` for every method to run."""
+    plan = []
+    for method in args.methods:
+        if method == "sync":
+            plan.append(("sync", "synchronous SGD", {"method": "sync"}))
+        elif method == "local":
+            plan.append(
+                ("local", f"local SGD (interval {args.interval})", {"method": "local"})
+            )
+        elif method == "skip":
+            plan.append(
+                (
+                    "skip",
+                    f"skip+correction (interval {args.interval})",
+                    {"method": "skip"},
+                )
+            )
+        elif method == "adaptive":
+            for ratio in args.target_ratios:
+                name = (
+                    "adaptive"
+                    if len(args.target_ratios) == 1
+                    else f"adaptive@{ratio:g}"
+                )
+                plan.append(
+                    (
+                        name,
+                        f"skip+correction, adaptive (target_ratio {ratio:g})",
+                        {"method": "adaptive", "target_ratio": ratio},
+                    )
+                )
+        elif method == "adacomm":
+            plan.append(("adacomm", "AdaComm-style local SGD", {"method": "adacomm"}))
+        elif method == "nocomm":
+            plan.append(
+                (
+                    "nocomm",
+                    "no communication (bound)",
+                    {"method": "nocomm", "epochs": args.nocomm_epochs, "stop_at": None},
+                )
+            )
+    return plan
+
+
+def run_method(
+    name, label, overrides, base, args, network, out_dir: pathlib.Path, progress
+) -> MethodResult:
+    directory = out_dir / name
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {**base, **overrides, "out": str(directory)}
+    before = network.transmitted_bytes() if network else None
+    start = time.monotonic()
+    result = launcher.launch(
+        [sys.executable, "-m", "keras_skip.bench.worker", json.dumps(config)],
+        args.workers,
+        timeout=args.timeout,
+        log_dir=directory,
+        hosts=network.hosts if network else None,
+        wrap=network.wrap if network else None,
+        on_progress=lambda worker, line: progress(name, worker, line),
+    )
+    if not result.ok:
+        raise RuntimeError(f"method {name!r} failed:\n{result.failure_report()}")
+    seconds = time.monotonic() - start
+    after = network.transmitted_bytes() if network else None
+    with open(directory / "worker-0.json") as f:
+        worker = json.load(f)
+    wire = (
+        None
+        if before is None
+        else max(a - b for a, b in zip(after, before, strict=True))
+    )
+    return MethodResult(
+        name,
+        label,
+        worker["epochs"],
+        worker["synchronizations"],
+        worker["payload_bytes"],
+        wire,
+        worker["intervals"],
+        worker["decision"],
+        seconds,
+    )
+
+
+def summary_rows(results: Sequence[MethodResult], target: float) -> list[dict]:
+    by_name = {r.name: r for r in results}
+    sync = by_name.get("sync")
+    nocomm = by_name.get("nocomm")
+    sync_time, sync_epochs = sync.time_to(target) if sync else (None, None)
+    bound = None
+    if nocomm is not None and sync_epochs is not None:
+        bound = sync_epochs * nocomm.epoch_seconds
+    rows = []
+    for r in results:
+        if r.name == "nocomm":
+            rows.append(
+                {
+                    "method": r.label,
+                    "epoch_seconds": r.epoch_seconds,
+                    "time_to_target": bound,
+                    "epochs_to_target": sync_epochs,
+                }
+            )
+            continue
+        seconds, epochs = r.time_to(target)
+        rows.append(
+            {
+                "method": r.label,
+                "time_to_target": seconds,
+                "epochs_to_target": epochs,
+                "vs_sync": None
+                if seconds is None or not sync_time
+                else seconds / sync_time,
+                "vs_bound": None if seconds is None or not bound else seconds / bound,
+                "final_accuracy": r.final_accuracy,
+                "epoch_seconds": r.epoch_seconds,
+                "utilization": None
+                if nocomm is None
+                else nocomm.epoch_seconds / r.epoch_seconds,
+                "synchronizations": r.synchronizations,
+                "payload_mb": r.payload_bytes / 1e6,
+                "wire_mb": None if r.wire_bytes is None else r.wire_bytes / 1e6,
+                "interval": _interval_text(r),
+            }
+        )
+    return rows
+
+
+def _interval_text(r: MethodResult) -> str:
+    if r.name == "sync":
+        return "1"
+    if r.decision:
+        return str(r.decision["interval"])
+    values = [i for i in r.intervals if i < 2**40]
+    if not values:
+        return "-"
+    return str(values[0]) if len(values) == 1 else f"{min(values)}-{max(values)}"
+
+
+def format_table(rows: list[dict], target: float) -> str:
+    def fmt(value, spec, suffix=""):
+        return "-" if value is None else f"{value:{spec}}{suffix}"
+
+    header = (
+        "method",
+        f"time to {target:.3f}",
+        "epochs",
+        "vs sync",
+        "vs bound",
+        "final acc",
+        "s / epoch",
+        "compute",
+        "syncs",
+        "MB sent",
+        "interval",
+    )
+    lines = [header]
+    for row in rows:
+        lines.append(
+            (
+                row["method"],
+                fmt(row.get("time_to_target"), ".1f", " s"),
+                fmt(row.get("epochs_to_target"), "d"),
+                fmt(row.get("vs_sync"), ".3f", "x"),
+                fmt(row.get("vs_bound"), ".2f", "x"),
+                fmt(row.get("final_accuracy"), ".4f"),
+                fmt(row.get("epoch_seconds"), ".2f"),
+                fmt(row.get("utilization"), ".0%"),
+                fmt(row.get("synchronizations"), "d"),
+                fmt(
+                    row.get("wire_mb")
+                    if row.get("wire_mb") is not None
+                    else row.get("payload_mb"),
+                    ".1f",
+                ),
+                row.get("interval", "-"),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+        for line in lines
+    ]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def plot(
+    results: Sequence[MethodResult], target: float, out_dir: pathlib.Path
+) -> list[str]:
+    """Validation accuracy against wall time, epoch time split into compute and
+    communication, and accuracy per epoch; returns the PNG paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    trained = [r for r in results if r.name != "nocomm"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in trained:
+        ax.plot(
+            [e["seconds"] for e in r.epochs],
+            [e["val_accuracy"] for e in r.epochs],
+            marker="o",
+            markersize=3,
+            label=r.label,
+        )
+    ax.axhline(target, color="grey", linestyle=":", label=f"target {target:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("wall time (s, log scale)")
+    ax.set_ylabel("validation accuracy")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(str(out_dir / "accuracy_vs_time.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    nocomm = next((r for r in results if r.name == "nocomm"), None)
+    if nocomm is not None:
+        compute = nocomm.epoch_seconds
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = [r.label for r in trained]
+        totals = [r.epoch_seconds for r in trained]
+        ax.barh(labels, [min(compute, t) for t in totals], label="computation")
+        ax.barh(
+            labels,
+            [max(t - compute, 0) for t in totals],
+            left=[min(compute, t) for t in totals],
+            label="communication and waiting",
+        )
+        ax.set_xlabel("seconds per epoch")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(str(out_dir / "epoch_time.png"))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in trained:
+        ax.plot(
+            [e["epoch"] for e in r.epochs],
+            [e["val_accuracy"] for e in r.epochs],
+            marker="o",
+            markersize=3,
+            label=r.label,
+        )
+    ax.axhline(target, color="grey", linestyle=":")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation accuracy")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(str(out_dir / "accuracy_vs_epoch.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keras-skip bench",
+        description="Time to accuracy of synchronous SGD, local SGD and "
+        "skip+correction with real worker processes, optionally over emulated "
+        "slow links.",
+    )
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--bandwidth",
+        default="100mbit",
+        help="rate of every worker's link (tc syntax), or 'none' for loopback",
+    )
+    parser.add_argument(
+        "--workload", choices=("mlp", "mlp-noniid", "cnn"), default="mlp"
+    )
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        nargs="+",
+        default=[1024, 1024],
+        help="hidden layer sizes of the MLP workloads",
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=12, help="epoch budget per method"
+    )
+    parser.add_argument("--batch-per-worker", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=0.05)
+    parser.add_argument(
+        "--interval",
+        type=int,
+        default=32,
+        help="interval of the fixed-interval methods and AdaComm's start",
+    )
+    parser.add_argument("--target-ratios", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--max-interval", type=int, default=64)
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="validation accuracy to reach (default: what synchronous SGD "
+        "reaches after the epoch budget)",
+    )
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="stop each method once it reaches --target",
+    )
+    parser.add_argument(
+        "--methods", nargs="+", choices=ALL_METHODS, default=list(ALL_METHODS)
+    )
+    parser.add_argument("--nocomm-epochs", type=int, default=3)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600,
+        help="seconds after which a method's workers are killed",
+    )
+    parser.add_argument(
+        "--out", default=None, help="directory for results.json and plots"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small run on loopback (2 workers, a small MLP, 2 epochs)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def emulation_possible(bandwidth: str, print_fn=print) -> bool:
+    """Whether to emulate ``bandwidth`` links; says why not when it cannot."""
+    if bandwidth.lower() == "none":
+        return False
+    netem.check_rate(bandwidth)
+    reason = netem.unavailable_reason()
+    if reason:
+        print_fn(f"Emulated links unavailable ({reason}); running on loopback.")
+        return False
+    return True
+
+
+def run(args, print_fn=print) -> dict:
+
+    if args.quick:
+        args.workers, args.bandwidth, args.hidden, args.epochs = 2, "none", [64], 2
+        args.interval, args.nocomm_epochs = 8, 2
+    if args.target is not None and not 0 < args.target <= 1:
+        raise SystemExit(f"--target must be in (0, 1]. Received: {args.target}")
+    if args.stop_at_target and args.target is None:
+        raise SystemExit("--stop-at-target needs --target.")
+    out_dir = pathlib.Path(args.out or tempfile.mkdtemp(prefix="keras-skip-bench-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = {
+        "workload": args.workload,
+        "hidden": args.hidden,
+        "epochs": args.epochs,
+        "batch_per_worker": args.batch_per_worker,
+        "learning_rate": args.learning_rate,
+        "interval": args.interval,
+        "max_interval": args.max_interval,
+        "seed": args.seed,
+        "stop_at": args.target if args.stop_at_target else None,
+    }
+    emulate = emulation_possible(args.bandwidth, print_fn)
+
+    link = f"{args.bandwidth} links in network namespaces" if emulate else "loopback"
+    print_fn(
+        f"{args.workers} workers, {link}, workload {args.workload}, "
+        f"{args.epochs} epochs; results in {out_dir}"
+    )
+
+    def progress(name, worker, line):
+        if worker == 0 and line.startswith("PROGRESS"):
+            print_fn(f"[{name}] {line.removeprefix('PROGRESS ').strip()}")
+
+    results = []
+    network = netem.EmulatedNetwork(args.workers, args.bandwidth) if emulate else None
+    started = time.monotonic()
+    try:
+        if network:
+            network.__enter__()
+        for name, label, overrides in method_plan(args):
+            print_fn(f"[{name}] {label}: starting {args.workers} workers")
+            results.append(
+                run_method(
+                    name, label, overrides, base, args, network, out_dir, progress
+                )
+            )
+    finally:
+        if network:
+            network.close()
+    target = args.target
+    if target is None:
+        sync = next((r for r in results if r.name == "sync"), None)
+        target = (
+            sync.final_accuracy if sync else max(r.final_accuracy or 0 for r in results)
+        )
+    rows = summary_rows(results, target)
+    table = format_table(rows, target)
+    paths = plot(results, target, out_dir)
+    report = {
+        "workers": args.workers,
+        "link": link,
+        "workload": args.workload,
+        "epochs": args.epochs,
+        "target": target,
+        "seconds": time.monotonic() - started,
+        "rows": rows,
+        "methods": [dataclasses.asdict(r) for r in results],
+        "plots": paths,
+        "arguments": vars(args),
+    }
+    with open(out_dir / "results.json", "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    print_fn("")
+    print_fn(table)
+    print_fn(f"\nTarget accuracy {target:.4f}; plots and results.json in {out_dir}")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        run(args)
+
+    except KeyboardInterrupt:
+        print("Interrupted; every worker process and network namespace was removed.")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,232 @@
+"""One worker of a benchmark run: ``python -m keras_skip.bench.worker CONFIG``.
+
+Started by :mod:`keras_skip.bench.harness` through the launcher, with
+``TF_CONFIG`` set. ``CONFIG`` is a JSON object (see :data:`DEFAULTS`). The
+worker trains one method on one workload under
+``MultiWorkerMirroredStrategy``, prints a progress line per epoch (worker 0)
+and writes its measurements to ``<out>/worker-<i>.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+DEFAULTS = {
+    "method": "skip",  # sync, local, skip, adaptive, adacomm, nocomm
+    "workload": "mlp",  # mlp, mlp-noniid, cnn
+    "hidden": [1024, 1024],
+    "epochs": 12,
+    "batch_per_worker": 32,
+    "learning_rate": 0.05,
+    "interval": 32,
+    "target_ratio": 1.0,
+    "max_interval": 64,
+    "stop_at": None,  # stop once validation accuracy reaches this
+    "seed": 0,
+    "peer_timeout": 60.0,
+    "out": ".",
+}
+
+#: An interval that never comes: the no-communication bound averages nothing.
+NEVER = 2**62
+
+
+def shard_by_worker(x, y, workers: int, batch: int):
+    """Arranges label-sorted data so that worker ``i`` trains on the ``i``-th
+    contiguous part of it: with ``shuffle=False``, MultiWorkerMirroredStrategy
+    gives worker ``i`` rows ``[i b, (i + 1) b)`` of every global batch."""
+    import numpy as np
+
+    usable = (len(x) // (workers * batch)) * workers * batch
+    shards = np.array_split(np.arange(usable), workers)
+    steps = usable // (workers * batch)
+    order = [
+        shards[w][s * batch : (s + 1) * batch]
+        for s in range(steps)
+        for w in range(workers)
+    ]
+    order = np.concatenate(order)
+    return x[order], y[order]
+
+
+def build(config, strategy):
+    import keras
+
+    import keras_skip
+    from keras_skip.bench import baselines, workloads
+
+    method = config["method"]
+    with strategy.scope():
+        if config["workload"] == "cnn":
+            model = workloads.cnn()
+        else:
+            model = workloads.mlp(tuple(config["hidden"]))
+        inner = keras.optimizers.SGD(config["learning_rate"])
+        if method == "sync":
+            optimizer = inner
+        else:
+            interval = NEVER if method == "nocomm" else config["interval"]
+            correction = 0.0 if method in ("local", "adacomm", "nocomm") else 1.0
+            optimizer = keras_skip.SkipCorrectionOptimizer(
+                inner, interval=interval, correction=correction
+            )
+        model.compile(
+            optimizer=optimizer,
+            loss=workloads.classification_loss(),
+            metrics=["accuracy"],
+        )
+    callbacks = []
+    if method in ("local", "skip"):
+        callbacks.append(keras_skip.SkipCorrectionCallback())
+    elif method == "adaptive":
+        callbacks.append(
+            keras_skip.AdaptiveIntervalCallback(
+                target_ratio=config["target_ratio"],
+                max_interval=config["max_interval"],
+                verbose=0,
+            )
+        )
+    elif method == "adacomm":
+        callbacks.append(
+            baselines.AdaCommCallback(
+                initial_interval=config["interval"], max_interval=config["max_interval"]
+            )
+        )
+    return model, callbacks
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    config = {**DEFAULTS, **json.loads(argv[0])}
+    index = int(os.environ.get("KERAS_SKIP_WORKER", "0"))
+
+    import keras
+    import numpy as np
+
+    import keras_skip
+    from keras_skip import multi_worker
+    from keras_skip.bench import workloads
+
+    keras_skip.apply_keras_fixes()
+    strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
+    workers = multi_worker.num_workers(strategy)
+    keras.utils.set_random_seed(config["seed"])
+    (x, y), (x_test, y_test) = workloads.load_mnist_subset(
+        config["seed"], label_sorted=config["workload"] == "mlp-noniid"
+    )
+    if config["workload"] == "cnn":
+        x, x_test = x.reshape(-1, 28, 28, 1), x_test.reshape(-1, 28, 28, 1)
+    batch = config["batch_per_worker"] * strategy.num_replicas_in_sync // workers
+    if config["workload"] == "mlp-noniid":
+        x, y = shard_by_worker(x, y, workers, batch)
+    global_batch = batch * workers
+    model, callbacks = build(config, strategy)
+    method = config["method"]
+    optimizer = model.optimizer
+    if method == "nocomm":
+        optimizer.attach(model)  # no boundary averages: nothing is sent
+
+    parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    records = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.start = time.perf_counter()
+            self.validation = 0.0
+
+        def on_test_begin(self, logs=None):
+            self.validation_start = time.perf_counter()
+
+        def on_test_end(self, logs=None):
+            self.validation += time.perf_counter() - self.validation_start
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs = logs or {}
+            optimizer_ = self.model.optimizer
+            skip = isinstance(optimizer_, keras_skip.SkipCorrectionOptimizer)
+            record = {
+                "epoch": epoch + 1,
+                "seconds": time.perf_counter() - self.start,
+                "validation_seconds": self.validation,
+                "val_accuracy": logs.get("val_accuracy"),
+                "loss": float(logs["loss"]),
+                "iterations": int(optimizer_.iterations.numpy()),
+                "averages": optimizer_.averages_performed if skip else None,
+                "interval": optimizer_.interval if skip else 1,
+            }
+            records.append(record)
+            if index == 0:
+                accuracy = record["val_accuracy"]
+                interval = record["interval"] if record["interval"] < NEVER else "none"
+                print(
+                    f"PROGRESS epoch {record['epoch']}/{config['epochs']} "
+                    f"time {record['seconds']:.1f}s "
+                    + (f"val_accuracy {accuracy:.4f} " if accuracy is not None else "")
+                    + f"interval {interval}",
+                    flush=True,
+                )
+
+            if config["stop_at"] is not None and accuracy_reached(
+                record["val_accuracy"], config["stop_at"]
+            ):
+                self.model.stop_training = True
+
+    # A repeated dataset and steps_per_epoch: with a finite one,
+    # MultiWorkerMirroredStrategy all-reduces at every step to agree on
+    # whether every worker still has data.
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((x, y))
+    if config["workload"] != "mlp-noniid":
+        data = data.shuffle(len(x), seed=config["seed"], reshuffle_each_iteration=True)
+    data = data.batch(global_batch, drop_remainder=True).repeat()
+    fit_args = dict(
+        x=data,
+        steps_per_epoch=len(x) // global_batch,
+        epochs=config["epochs"],
+        verbose=0,
+        callbacks=[*callbacks, Record()],
+    )
+
+    if method != "nocomm":
+        fit_args["validation_data"] = (x_test, y_test)
+    model.fit(**fit_args)
+
+    skip = isinstance(optimizer, keras_skip.SkipCorrectionOptimizer)
+    iterations = int(optimizer.iterations.numpy())
+    if not skip:
+        synchronizations, payload = iterations, iterations * parameters * 4
+    else:
+        synchronizations = optimizer.averages_performed + optimizer.synchronous_steps
+        payload = synchronizations * parameters * 4
+
+        for callback in callbacks:
+            payload += getattr(callback, "bytes_sent", 0)
+    decision = optimizer.interval_decision if skip else None
+    result = {
+        "config": config,
+        "worker": index,
+        "workers": workers,
+        "parameters": parameters,
+        "epochs": records,
+        "iterations": iterations,
+        "synchronizations": synchronizations,
+        "payload_bytes": payload,
+        "decision": None if decision is None else dataclasses.asdict(decision),
+        "intervals": sorted({r["interval"] for r in records}),
+    }
+    with open(os.path.join(config["out"], f"worker-{index}.json"), "w") as f:
+        json.dump(result, f, indent=1, default=float)
+    return 0
+
+
+def accuracy_reached(accuracy, target) -> bool:
+    return accuracy is not None and accuracy >= target
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""The time-to-accuracy harness, its network emulation and the demo."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from keras_skip.bench import harness, netem
+
+EMULATION = netem.unavailable_reason()
+needs_emulation = pytest.mark.skipif(
+    EMULATION is not None, reason=f"slow-link emulation unavailable: {EMULATION}"
+)
+
+
+def leftovers():
+    namespaces = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True
+    ).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return [line for line in (namespaces + links).splitlines() if netem.PREFIX in line]
+
+
+@pytest.mark.slow
+def test_quick_mode_runs_every_method_and_reports(tmp_path):
+    lines = []
+    args = harness.build_parser().parse_args(["--quick", "--out", str(tmp_path)])
+    report = harness.run(args, print_fn=lines.append)
+    output = "\n".join(lines)
+    assert "2 workers, loopback" in output
+    methods = [row["method"] for row in report["rows"]]
+    assert methods == [
+        "synchronous SGD",
+        "local SGD (interval 8)",
+        "skip+correction (interval 8)",
+        "skip+correction, adaptive (target_ratio 1)",
+        "AdaComm-style local SGD",
+        "no communication (bound)",
+    ]
+    rows = {row["method"]: row for row in report["rows"]}
+    sync = rows["synchronous SGD"]
+    assert sync["time_to_target"] is not None and sync["vs_sync"] == 1.0
+    assert sync["synchronizations"] == 2 * (4000 // 64)
+    skip = rows["skip+correction (interval 8)"]
+    assert skip["synchronizations"] < sync["synchronizations"] / 4
+    assert skip["interval"] == "8"
+    assert rows["no communication (bound)"]["epoch_seconds"] > 0
+    assert "[sync] epoch 1/2" in output  # progress display
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["target"] == pytest.approx(report["target"])
+    for name in ("accuracy_vs_time.png", "epoch_time.png", "accuracy_vs_epoch.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(
+        ValueError, match=r"`bandwidth` must be a tc rate.*bandwidth='fast'"
+    ):
+        netem.check_rate("fast")
+    assert netem.check_rate("100Mbit") == "100mbit"
+    with pytest.raises(SystemExit, match="--stop-at-target needs --target"):
+        harness.run(harness.build_parser().parse_args(["--stop-at-target"]))
+    with pytest.raises(SystemExit, match=r"--target must be in \(0, 1\]"):
+        harness.run(harness.build_parser().parse_args(["--target", "88"]))
+
+
+@needs_emulation
+def test_emulated_links_limit_bandwidth_and_are_removed(tmp_path):
+    script = tmp_path / "bandwidth.py"
+    script.write_text(
+        "import socket, sys, time\n"
+        "if sys.argv[1] == 'server':\n"
+        "    s = socket.socket(); s.bind(('0.0.0.0', 5201)); s.listen(1)\n"
+        "    c, _ = s.accept(); n = 0; t = time.time()\n"
+        "    while d := c.recv(1 << 20): n += len(d)\n"
+        "    print(n * 8 / (time.time() - t) / 1e6)\n"
+        "else:\n"
+        "    c = socket.create_connection((sys.argv[2], 5201))\n"
+        "    for _ in range(10): c.sendall(b'x' * (1 << 20))\n"
+    )
+    with netem.EmulatedNetwork(2, "20mbit") as network:
+        server = subprocess.Popen(
+            [*network.wrap(1), sys.executable, str(script), "server"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1.0)
+        subprocess.run(
+            [*network.wrap(0), sys.executable, str(script), "client", network.hosts[1]],
+            check=True,
+            timeout=60,
+        )
+        measured = float(server.communicate(timeout=60)[0])
+        sent = network.transmitted_bytes()
+        assert sent[0] > 10 * (1 << 20)
+    assert 14 < measured < 22, measured
+    assert leftovers() == []
+
+
+@needs_emulation
+def test_emulated_network_is_removed_after_an_error():
+    with pytest.raises(RuntimeError, match="boom"), netem.EmulatedNetwork(2, "50mbit"):
+        assert len(leftovers()) >= 2
+        raise RuntimeError("boom")
+    assert leftovers() == []
+
+
+@needs_emulation
+@pytest.mark.slow
+def test_interrupting_the_benchmark_removes_workers_and_namespaces(tmp_path):
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "keras_skip.bench",
+            "--workers",
+            "2",
+            "--bandwidth",
+            "50mbit",
+            "--methods",
+            "sync",
+            "--hidden",
+            "32",
+            "--epochs",
+            "100",
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "epoch 1/100" not in seen:
+        assert time.monotonic() < deadline, seen
+        seen += process.stdout.readline()
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130, output
+    assert "every worker process and network namespace was removed" in output
+    assert leftovers() == []
+    workers = subprocess.run(
+        ["pgrep", "-f", "keras_skip.bench.worker"], capture_output=True, text=True
+    ).stdout
+    assert workers.strip() == ""
+
+
+def test_unavailable_emulation_is_explained(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    reason = "emulating slow links needs root (network namespaces and tc)"
+    assert netem.unavailable_reason() == reason
+    lines = []
+    assert harness.emulation_possible("100mbit", lines.append) is False
+    assert lines == [f"Emulated links unavailable ({reason}); running on loopback."]
+    assert harness.emulation_possible("none", lines.append) is False
