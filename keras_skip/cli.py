@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="synchronous SGD against skip+correction with 4 worker processes, "
-        "over emulated 100 Mbit/s links when possible (about 2 minutes)",
+        "over emulated 100 Mbit/s links when possible (2-4 minutes)",
     )
     demo.add_argument("--workers", type=_positive, default=4)
     demo.add_argument(

@@ -158,3 +158,23 @@ def test_unavailable_emulation_is_explained(monkeypatch):
     assert harness.emulation_possible("100mbit", lines.append) is False
     assert lines == [f"Emulated links unavailable ({reason}); running on loopback."]
     assert harness.emulation_possible("none", lines.append) is False
+
+
+def test_non_iid_order_gives_each_worker_its_own_reshuffled_shard():
+    import numpy as np
+
+    from keras_skip.bench.worker import non_iid_order
+
+    workers, batch, epochs = 4, 8, 3
+    order = non_iid_order(100, workers, batch, epochs, seed=1)
+    usable = 96  # whole global batches only
+    assert order.shape == (epochs * usable,)
+    shards = np.arange(usable).reshape(workers, -1)
+    per_epoch = order.reshape(epochs, -1, workers, batch)  # epoch, step, worker
+    for epoch in per_epoch:
+        for w in range(workers):
+            rows = epoch[:, w].reshape(-1)
+            # Worker w sees exactly its shard, each example once per epoch.
+            assert sorted(rows) == sorted(shards[w])
+    # ... in a new order every epoch.
+    assert not np.array_equal(per_epoch[0], per_epoch[1])

@@ -42,7 +42,8 @@ def test_demo_arguments_are_a_small_harness_run():
     args = demo.arguments(workers=3, bandwidth="1gbit", epochs=2)
     assert (args.workers, args.bandwidth, args.epochs) == (3, "1gbit", 2)
     assert args.methods == ["sync", "adaptive", "nocomm"]
-    assert args.hidden == [256]
+    assert args.hidden == [512, 512]
+    assert args.target == demo.TARGET
 
 
 @pytest.mark.parametrize(

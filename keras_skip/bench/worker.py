@@ -35,22 +35,29 @@ DEFAULTS = {
 NEVER = 2**62
 
 
-def shard_by_worker(x, y, workers: int, batch: int):
-    """Arranges label-sorted data so that worker ``i`` trains on the ``i``-th
-    contiguous part of it: with ``shuffle=False``, MultiWorkerMirroredStrategy
-    gives worker ``i`` rows ``[i b, (i + 1) b)`` of every global batch."""
+def non_iid_order(examples: int, workers: int, batch: int, epochs: int, seed: int = 0):
+    """Indices into label-sorted data that give worker ``w`` the ``w``-th
+    contiguous shard, reshuffled within the shard at every epoch.
+
+    With the dataset's own order (no shuffling by ``fit``),
+    MultiWorkerMirroredStrategy gives worker ``w`` rows ``[w b, (w + 1) b)``
+    of every global batch of ``workers * b`` rows; the indices are arranged
+    so that those rows come from shard ``w``. Returns ``epochs`` epochs of
+    indices, one after the other.
+    """
     import numpy as np
 
-    usable = (len(x) // (workers * batch)) * workers * batch
-    shards = np.array_split(np.arange(usable), workers)
-    steps = usable // (workers * batch)
-    order = [
-        shards[w][s * batch : (s + 1) * batch]
-        for s in range(steps)
-        for w in range(workers)
-    ]
-    order = np.concatenate(order)
-    return x[order], y[order]
+    usable = (examples // (workers * batch)) * workers * batch
+    shards = np.arange(usable).reshape(workers, -1)  # (workers, steps * batch)
+    steps = shards.shape[1] // batch
+    rng = np.random.default_rng(seed)
+    epochs_order = []
+    for _ in range(epochs):
+        shuffled = rng.permuted(shards, axis=1)
+        # (workers, steps, batch) -> (steps, workers, batch): global batches.
+        by_step = shuffled.reshape(workers, steps, batch).transpose(1, 0, 2)
+        epochs_order.append(by_step.reshape(-1))
+    return np.concatenate(epochs_order)
 
 
 def build(config, strategy):
@@ -122,7 +129,8 @@ def main(argv=None) -> int:
         x, x_test = x.reshape(-1, 28, 28, 1), x_test.reshape(-1, 28, 28, 1)
     batch = config["batch_per_worker"] * strategy.num_replicas_in_sync // workers
     if config["workload"] == "mlp-noniid":
-        x, y = shard_by_worker(x, y, workers, batch)
+        order = non_iid_order(len(x), workers, batch, config["epochs"], config["seed"])
+        x, y = x[order], y[order]
     global_batch = batch * workers
     model, callbacks = build(config, strategy)
     method = config["method"]
@@ -181,19 +189,26 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     data = tf.data.Dataset.from_tensor_slices((x, y))
-    if config["workload"] != "mlp-noniid":
+    steps_per_epoch = len(x) // global_batch
+    if config["workload"] == "mlp-noniid":
+        steps_per_epoch //= config["epochs"]  # x holds every epoch's order
+    else:
         data = data.shuffle(len(x), seed=config["seed"], reshuffle_each_iteration=True)
     data = data.batch(global_batch, drop_remainder=True).repeat()
     fit_args = dict(
         x=data,
-        steps_per_epoch=len(x) // global_batch,
+        steps_per_epoch=steps_per_epoch,
         epochs=config["epochs"],
+        shuffle=False,  # the dataset shuffles itself
         verbose=0,
         callbacks=[*callbacks, Record()],
     )
 
     if method != "nocomm":
         fit_args["validation_data"] = (x_test, y_test)
+        # Few, large validation batches: each batch costs a collective.
+        fit_args["validation_batch_size"] = 50 * strategy.num_replicas_in_sync
+
     model.fit(**fit_args)
 
     skip = isinstance(optimizer, keras_skip.SkipCorrectionOptimizer)
