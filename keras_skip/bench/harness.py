@@ -303,26 +303,35 @@ def plot(
 
     paths = []
     trained = [r for r in results if r.name != "nocomm"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in trained:
-        ax.plot(
-            [training_seconds(e) for e in r.epochs],
-            [e["val_accuracy"] for e in r.epochs],
-            marker="o",
-            markersize=3,
-            label=r.label,
-        )
-    ax.axhline(target, color="grey", linestyle=":", label=f"target {target:.3f}")
-    ax.set_xscale("log")
-    ax.set_xlabel("training time (s, validation excluded, log scale)")
 
-    ax.set_ylabel("validation accuracy")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(str(out_dir / "accuracy_vs_time.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    def accuracy_plot(x_of, xlabel: str, filename: str, log: bool = False):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in trained:
+            ax.plot(
+                [x_of(e) for e in r.epochs],
+                [e["val_accuracy"] for e in r.epochs],
+                marker="o",
+                markersize=3,
+                label=r.label,
+            )
+        ax.axhline(target, color="grey", linestyle=":", label=f"target {target:.3f}")
+        if log:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation accuracy")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        paths.append(str(out_dir / filename))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+
+    accuracy_plot(
+        training_seconds,
+        "training time (s, validation excluded, log scale)",
+        "accuracy_vs_time.png",
+        log=True,
+    )
 
     nocomm = next((r for r in results if r.name == "nocomm"), None)
     if nocomm is not None:
@@ -344,24 +353,7 @@ def plot(
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in trained:
-        ax.plot(
-            [e["epoch"] for e in r.epochs],
-            [e["val_accuracy"] for e in r.epochs],
-            marker="o",
-            markersize=3,
-            label=r.label,
-        )
-    ax.axhline(target, color="grey", linestyle=":")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation accuracy")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(str(out_dir / "accuracy_vs_epoch.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    accuracy_plot(lambda e: e["epoch"], "epoch", "accuracy_vs_epoch.png")
     return paths
 
 
