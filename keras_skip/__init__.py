@@ -6,7 +6,6 @@ cancels its own drift (VRL-SGD / SCAFFOLD). See :class:`SkipCorrectionOptimizer`
 
 ``import keras_skip`` is light: TensorFlow and Keras are imported when a class
 is first used, or when Keras itself is imported.
-
 """
 
 from __future__ import annotations
