@@ -16,12 +16,9 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import tensorflow as tf
 
 from keras_skip import _checks, maths
-
-#: The interval used while probing: every step of the probe is a local step.
-PROBE_INTERVAL = 2**62
+from keras_skip.optimizer import PROBE_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,25 +39,25 @@ class IntervalDecision:
 class IntervalProbe:
     """Times local steps and one average, agrees across workers, sets the interval.
 
-    The probe runs two rounds. Each is one run of local steps (the interval
-    is set so that none of them averages) followed by a *probe average*: a
-    compiled function that averages the replicas, times that average inside
-    the graph, and then all-reduces every replica's timings (its round's
-    duration and its average's duration) so that all workers get the same
-    numbers. The first round sets the function and its collectives up (their
-    first run includes one-time work) and is not used; the second gives the
-    decision (see :func:`decide`).
+    The probe runs two rounds. Each is one run of local steps whose last step
+    averages the replicas, as any interval's last step does. The train step
+    itself times that average (timestamps around it in the graph) and, only
+    while probing, ends with one small all-reduce that gives every worker the
+    longest round and the longest communication time over all replicas. The
+    first round sets that collective up (its first run includes one-time
+    work) and is not used; the second gives the decision (see :func:`decide`).
 
-    The averages are training (they average the model the local steps
-    moved). What only choosing costs is tracing the probe average, the
-    timing all-reduce of each round (``16 n`` bytes per replica for ``n``
-    replicas) and a little Python.
+    The local steps and the averages are training. What only choosing costs
+    is the timing all-reduce of each round (``16 n`` bytes per replica for
+    ``n`` replicas), a few variable reads and writes, and tracing that
+    all-reduce within the train function.
 
-
-    Usage: for each round call :meth:`start` before the local steps and
-    :meth:`finish` after them with their number. Every worker must call both
-    at the same steps. After the second :meth:`finish`, :attr:`decision`
-    holds the result and the optimizer's interval is set.
+    Usage: for each round call :meth:`start` with the number of steps the
+    round will run (all of them local), run them, then call :meth:`finish`.
+    Every worker must do this at the same steps. After the second completed
+    round, :attr:`decision` holds the result and the optimizer's interval is
+    set. A round that ran fewer steps (an epoch ended first) took no average
+    and does not count; start another.
     """
 
     def __init__(self, optimizer, target_ratio: float = 1.0, max_interval: int = 64):
@@ -73,84 +70,42 @@ class IntervalProbe:
         self.overhead_seconds = 0.0
         self.collectives = 0
         self.bytes_sent = 0
+        self._steps = 0
+
+    def start(self, steps: int) -> None:
         begin = time.perf_counter()
-        self._function = _probe_average_function(optimizer)
-        # Tracing the probe average is work only choosing does.
+        optimizer = self.optimizer
+        if steps != self._steps:
+            optimizer._probe_steps.assign(steps)
+            self._steps = steps
+        optimizer._probe.assign([time.time(), 0.0, 0.0, 0.0, 0.0])
         self.overhead_seconds += time.perf_counter() - begin
 
-        self._start: float | None = None
-
-    def start(self) -> None:
-        self.optimizer.interval = PROBE_INTERVAL
-        self._start = time.perf_counter()
-
-    def finish(self, steps: int) -> IntervalDecision | None:
-        if self._start is None:
+    def finish(self) -> IntervalDecision | None:
+        if not self._steps:
             raise RuntimeError("IntervalProbe.finish() called before start().")
         optimizer = self.optimizer
-        optimizer.iterations.numpy()  # waits for the steps to complete
-        round_seconds = time.perf_counter() - self._start
-        self._start = None
-        strategy = optimizer._distribution_strategy
-        with strategy.scope():
-            measured, exchange_seconds = self._function(
-                tf.constant(round_seconds, tf.float64)
-            )
+        optimizer.iterations.numpy()  # waits for the round's steps (training)
         begin = time.perf_counter()
-        measured = measured.numpy()
-        self.rounds += 1
-        self.collectives += 1
-        self.bytes_sent += measured.size * 8
-        if self.rounds == 1:
-            self.overhead_seconds += (
-                float(exchange_seconds) + time.perf_counter() - begin
+        probe = dict(zip(PROBE_FIELDS, optimizer._probe.numpy().tolist(), strict=True))
+        if probe["completed"]:
+            self.rounds += 1
+            self.collectives += 1
+            self.bytes_sent += (
+                16 * optimizer._distribution_strategy.num_replicas_in_sync
             )
-            return None
-        self.decision = decide(measured, steps, self.target_ratio, self.max_interval)
-        optimizer._record_interval_decision(self.decision)
-        self.overhead_seconds += float(exchange_seconds) + time.perf_counter() - begin
+            self.overhead_seconds += probe["exchange"]
+            if self.rounds >= 2:
+                self.decision = decide_from_maxima(
+                    probe["longest_round"],
+                    probe["longest_finish"],
+                    self._steps,
+                    self.target_ratio,
+                    self.max_interval,
+                )
+                optimizer._record_interval_decision(self.decision)
+        self.overhead_seconds += time.perf_counter() - begin
         return self.decision
-
-
-def _probe_average_function(optimizer):
-    """The compiled probe average: average, time it, all-reduce the timings.
-
-    Returns ``(measured, exchange_seconds)``: ``measured[r]`` is replica
-    ``r``'s ``(round_seconds, average_seconds)``, and ``exchange_seconds`` how
-    long the timing all-reduce took on this worker.
-    """
-    strategy = optimizer._distribution_strategy
-    n = strategy.num_replicas_in_sync
-
-    @tf.function(autograph=False)
-    def probe_average(round_seconds):
-        distribution = tf.distribute.get_strategy()
-        extended = distribution.extended
-        start = tf.timestamp()
-        with tf.control_dependencies([start]):
-            averaged = optimizer._average_if_pending(distribution)
-        with tf.control_dependencies([averaged]):
-            end = tf.timestamp()
-        timings = tf.stack([round_seconds, end - start])
-
-        def place_in_own_row():
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            row = tf.one_hot(replica, n, dtype=tf.float64)
-            return row[:, None] * timings[None, :]
-
-        rows = extended.call_for_each_replica(place_in_own_row)
-        if n > 1:
-            rows = extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, [(rows, rows)])[
-                0
-            ]
-        measured = distribution.experimental_local_results(rows)[0]
-        with tf.control_dependencies([measured]):
-            exchanged = tf.timestamp()
-        return measured, exchanged - end
-
-    with strategy.scope():
-        probe_average.get_concrete_function(tf.TensorSpec((), tf.float64))
-    return probe_average
 
 
 def decide(
@@ -162,14 +117,29 @@ def decide(
     worker that finished its local steps early waited in the average for the
     slowest one: its own communication time is its average's time minus that
     wait, ``max(round) - round``. ``t_comp`` is the maximum over workers of the
-    time per local step, ``t_comm`` the maximum of the communication times.
-    Every worker computes this from the same gathered array, so all agree.
+    time per local step, ``t_comm`` the maximum of the communication times,
+    which is ``max(round + average) - max(round)``. Those two maxima are what
+    the train step all-reduces (:func:`decide_from_maxima`); every worker gets
+    the same numbers, so all agree.
     """
-    measured = np.asarray(measured, dtype=np.float64)
+    measured = np.asarray(measured, dtype=np.float64).reshape(-1, 2)
     rounds, averages = measured[:, 0], measured[:, 1]
-    slowest = rounds.max()
-    t_comp = float(slowest / max(steps, 1))
-    t_comm = float(np.maximum(averages - (slowest - rounds), 0.0).max())
+    return decide_from_maxima(
+        rounds.max(), (rounds + averages).max(), steps, target_ratio, max_interval
+    )
+
+
+def decide_from_maxima(
+    longest_round: float,
+    longest_finish: float,
+    steps: int,
+    target_ratio: float,
+    max_interval: int,
+) -> IntervalDecision:
+    """The decision from ``max(round)`` and ``max(round + average)`` (see
+    :func:`decide`)."""
+    t_comp = float(longest_round / max(steps, 1))
+    t_comm = float(max(longest_finish - longest_round, 0.0))
     interval = maths.adaptive_interval(t_comm, t_comp, target_ratio, max_interval)
     return IntervalDecision(interval, t_comp, t_comm)
 
@@ -211,9 +181,23 @@ def choose_interval(
     decision = optimizer.interval_decision
     if decision is not None:
         return decision
+    if int(optimizer.iterations.numpy()) < optimizer.warmup_steps:
+        raise ValueError(
+            "choose_interval() must be called after the warm-up: the optimizer "
+            f"has taken {int(optimizer.iterations.numpy())} of its "
+            f"warmup_steps={optimizer.warmup_steps} synchronous steps."
+        )
     probe = IntervalProbe(optimizer, target_ratio, max_interval)
-    while probe.decision is None:
-        probe.start()
+    for _ in range(2):
+        probe.start(steps)
         run_local_steps()
-        probe.finish(steps)
+        rounds = probe.rounds
+        probe.finish()
+        if probe.rounds == rounds:
+            optimizer._probe_steps.assign(0)
+            raise ValueError(
+                f"run_local_steps() must run steps={steps} training steps of "
+                "this optimizer, but the round ended without reaching them "
+                "(no average was taken). Pass the number of steps it runs."
+            )
     return probe.decision

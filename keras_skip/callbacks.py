@@ -111,12 +111,14 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
 
     Training starts at interval 1 (synchronous). After the first execution of
     the train function (which traces it) and any warm-up, the callback runs
-    two executions of local steps, each followed by an average that also
-    exchanges timings between workers: the first sets the collectives up
-    (their first run includes one-time work), the second is timed. It gives
-    `t_comp`, one local step with no communication, and `t_comm`, one average
-    of the exact payload an average sends; takes the maximum of each over all
-    workers; and sets
+    two executions of local steps whose last step averages, as at the end of
+    any interval. The train step times that average itself and exchanges the
+    timings between workers in one small all-reduce: the first round sets the
+    collectives up (their first run includes one-time work), the second is
+    used. It gives `t_comp`, one local step with no communication, and
+    `t_comm`, one average of the exact payload an average sends; takes the
+    maximum of each over all workers; and sets
+
 
         interval = clip(round(t_comm / (target_ratio * t_comp)), 1, max_interval)
 
@@ -129,7 +131,10 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
     printed when `verbose`.
 
     With `steps_per_execution > 1` the probe times a whole execution of local
-    steps and divides by its number of steps. The chosen interval need not be
+    steps and divides by its number of steps (an execution cut short by the
+    end of an epoch takes no average and is probed again). The chosen
+    interval need not be
+
     a multiple of `steps_per_execution`: averages happen inside the train
     function every `interval` local steps, wherever the execution boundaries
     fall.
@@ -180,7 +185,6 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self.bytes_sent = 0
         self._probe: adaptive.IntervalProbe | None = None
         self._probing = False
-        self._probe_first_step = 0
         self._executions = 0
 
     def on_train_begin(self, logs=None):
@@ -192,6 +196,8 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self.decision = optimizer.interval_decision
         if self.decision is None:
             optimizer.interval = 1
+            if optimizer.built:
+                optimizer._probe_steps.assign(0)  # a probe interrupted earlier
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.decision is not None or self._executions == 0:
@@ -209,17 +215,15 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
             self._probe = adaptive.IntervalProbe(
                 optimizer, self.target_ratio, self.max_interval
             )
-        self._probe_first_step = batch
-
         self._probing = True
-        self._probe.start()
+        self._probe.start(self.model.steps_per_execution)
 
     def on_train_batch_end(self, batch, logs=None):
         self._executions += 1
         if self._probing:
             self._probing = False
             probe = self._probe
-            self.decision = probe.finish(batch - self._probe_first_step + 1)
+            self.decision = probe.finish()
             if self.decision is not None:
                 self.probes += 1
                 self.overhead_seconds += probe.overhead_seconds

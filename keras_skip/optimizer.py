@@ -16,6 +16,18 @@ _compat.apply_keras_fixes()
 
 _REPLICAS_KEY = "{index}@replicas"
 
+#: What the probe variable holds: the round's start (set by the probe), then,
+#: written by the step that ends the round, 1, the maxima over all replicas
+#: of the round's local steps and of those plus the average (see
+#: `keras_skip.adaptive.decide`), and how long the timing exchange took.
+PROBE_FIELDS = (
+    "round_start",
+    "completed",
+    "longest_round",
+    "longest_finish",
+    "exchange",
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_skip")
 class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
@@ -190,7 +202,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         )
 
     def _record_interval_decision(self, decision) -> None:
+        self._probe_steps.assign(0)
         self.interval = decision.interval
+
         self._decided.assign(decision.interval)
         self._decision_t_comp.assign(decision.t_comp)
         self._decision_t_comm.assign(decision.t_comm)
@@ -205,7 +219,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        own = [v for v in self._variables if all(v is not u for u in self._unused)]
+        skip = self._unused + getattr(self, "_unsaved", ())
+        own = [v for v in self._variables if all(v is not u for u in skip)]
+
         return own + self.inner_optimizer.variables
 
     def scale_loss(self, loss):
@@ -263,6 +279,14 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._decided = self.add_variable((), dtype="int64", name="decided_interval")
         self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
         self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
+        # The adaptive probe (keras_skip.adaptive.IntervalProbe), never saved:
+        # the local steps of its round (0 = not probing) and PROBE_FIELDS.
+        self._probe_steps = self.add_variable((), dtype="int64", name="probe_steps")
+        self._probe = self.add_variable(
+            (len(PROBE_FIELDS),), dtype="float64", name="probe"
+        )
+        self._unsaved = (self._probe_steps, self._probe)
+
         if self._correction:
             self._corrections = self.add_optimizer_variables(var_list, "correction")
         else:
@@ -356,29 +380,94 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             self._synchronous.value.assign_add(1)
             return tf.constant(False)
 
+        probe_steps = self._probe_steps.value
+        probing = probe_steps > 0
+
         def local_step():
+            updates = []
             for g, v in zip(local_grads, variables, strict=True):
                 c = self._corrections[self._get_variable_index(v)] if n > 1 else None
-                extended.update(
-                    v, self._local_update, args=(g, lr, _tf_variable(c)), group=False
+                updates.append(
+                    extended.update(
+                        v,
+                        self._local_update,
+                        args=(g, lr, _tf_variable(c)),
+                        group=False,
+                    )
                 )
             extended.update(
                 self._gamma.value, _add_learning_rate, args=(lr,), group=False
             )
-            self._local_steps.value.assign_add(1)
+            local_steps = self._local_steps.value.assign_add(1)
             if n > 1 and self._slot_variables():
                 self._slots_apart.value.assign(1)
+            # While probing, the round's last step averages whatever the interval.
+            due = tf.where(
+                probing,
+                local_steps >= probe_steps,
+                local_steps >= self._interval_variable.value,
+            )
+            # The timestamps bracket the average alone: `start` waits for this
+            # step's updates, `end` for the average's last assignment.
+            with tf.control_dependencies(_local_tensors(distribution, updates)):
+                start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                averaged = tf.cond(
+                    due,
+                    lambda: self._average(distribution),
+                    lambda: tf.constant(False),
+                )
+            with tf.control_dependencies([averaged]):
+                end = tf.timestamp()
             return tf.cond(
-                self._local_steps.value >= self._interval_variable.value,
-                lambda: self._average(distribution),
-                lambda: tf.constant(False),
+                tf.logical_and(averaged, probing),
+                lambda: self._exchange_timings(distribution, start, end),
+                lambda: averaged,
             )
 
         is_synchronous = tf.logical_or(
-            self._interval_variable.value <= 1,
+            tf.logical_and(self._interval_variable.value <= 1, tf.logical_not(probing)),
             self._iterations.value < self._warmup_steps,
         )
         return tf.cond(is_synchronous, synchronous_step, local_step)
+
+    def _exchange_timings(self, distribution, start, end):
+        """Ends a probe round: gathers every replica's timings, keeps the maxima.
+
+        Each replica's row is (its round's local steps, those plus its
+        average); one small SUM all-reduce of one-hot rows gathers them all.
+        The maxima are what `keras_skip.adaptive.decide` needs, so every
+        worker writes the same values into the probe variable.
+        """
+        n = distribution.num_replicas_in_sync
+        probe = self._probe.value.read_value()
+        round_seconds = start - probe[0]
+        own = tf.stack([round_seconds, round_seconds + (end - start)])
+
+        def own_row():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            return tf.one_hot(replica, n, dtype=tf.float64)[:, None] * own[None, :]
+
+        rows = distribution.extended.call_for_each_replica(own_row)
+        if n > 1:
+            rows = distribution.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM, [(rows, rows)]
+            )[0]
+        longest = tf.reduce_max(distribution.experimental_local_results(rows)[0], 0)
+        with tf.control_dependencies([longest]):
+            exchanged = tf.timestamp()
+        self._probe.value.assign(
+            tf.stack(
+                [
+                    probe[0],
+                    tf.constant(1.0, tf.float64),
+                    longest[0],
+                    longest[1],
+                    exchanged - end,
+                ]
+            )
+        )
+        return tf.constant(True)
 
     def _inner_update(self, variable, gradient, lr):
         inner = self.inner_optimizer
@@ -393,6 +482,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._inner_update(variable, gradient, lr)
         if correction is not None:
             variable.assign_add(tf.cast(lr, variable.dtype) * correction)
+        # Read after the updates: what the timing of an average waits for.
+        return variable.read_value()
 
     # ------------------------------------------------------------------
     # Averages.
@@ -586,7 +677,17 @@ def _tf_variable(v):
     return v.value if isinstance(v, keras.Variable) else v
 
 
+def _local_tensors(distribution, values) -> list:
+    """The tensors behind (possibly distributed) update results, to wait on."""
+    tensors = []
+    for value in values:
+        for local in distribution.experimental_local_results(value):
+            tensors.extend(tf.nest.flatten(local))
+    return tensors
+
+
 def _is_float(v) -> bool:
+
     return tf.as_dtype(v.dtype).is_floating
 
 

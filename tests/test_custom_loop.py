@@ -261,11 +261,15 @@ def test_choose_interval_in_a_custom_loop_and_keep_it_after_a_restore(tmp_path):
     calls = []
 
     def run_local_steps():
-        calls.append(optimizer.interval)
+        before = (optimizer.synchronous_steps, optimizer.averages_performed)
         step(next(batches))
+        after = (optimizer.synchronous_steps, optimizer.averages_performed)
+        calls.append((after[0] - before[0], after[1] - before[1]))
 
     decision = keras_skip.choose_interval(optimizer, run_local_steps, steps=1)
-    assert len(calls) == 2 and all(c > 10**9 for c in calls)  # local steps only
+    # Each round: a local step (interval 1 is synchronous otherwise) that averages.
+    assert calls == [(0, 1), (0, 1)]
+
     assert optimizer.interval == decision.interval
     assert optimizer.interval_decision == decision
     assert decision.interval == maths.adaptive_interval(
@@ -309,3 +313,29 @@ def test_custom_loop_on_two_workers_ends_with_identical_weights(tmp_path):
     # 256 / 16 = 16 steps per epoch, interval 3: 5 interval averages and a
     # boundary average per epoch.
     assert int(outputs[0]["averages"]) == 12
+
+
+def test_choose_interval_rejects_a_round_shorter_than_steps():
+    strategy = mirrored(2)
+    model, optimizer = linear_model(strategy, lambda: keras.optimizers.SGD(0.05))
+    step = make_step(strategy, model, optimizer, "compute_average_loss")
+    batches = iter(dataset(strategy))
+    optimizer.interval = 1
+    step(next(batches))
+    with pytest.raises(ValueError, match=r"must run steps=3 training steps"):
+        keras_skip.choose_interval(optimizer, lambda: step(next(batches)), steps=3)
+    # Nothing is left probing: the next steps are synchronous again.
+    synchronous = optimizer.synchronous_steps
+    step(next(batches))
+    assert optimizer.synchronous_steps == synchronous + 1
+
+
+def test_choose_interval_waits_for_the_warmup():
+    strategy = mirrored(2)
+    model, optimizer = linear_model(
+        strategy, lambda: keras.optimizers.SGD(0.05), warmup_steps=5
+    )
+    step = make_step(strategy, model, optimizer, "compute_average_loss")
+    step(next(iter(dataset(strategy))))
+    with pytest.raises(ValueError, match=r"taken 1 of its warmup_steps=5"):
+        keras_skip.choose_interval(optimizer, lambda: None)

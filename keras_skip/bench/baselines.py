@@ -77,7 +77,10 @@ class AdaCommCallback(SkipCorrectionCallback):
         super().on_train_begin(logs)
         optimizer = self._optimizer
         optimizer.interval = self.initial_interval
+        begin = time.perf_counter()
         self._mean = WorkerMean(optimizer._distribution_strategy)
+        self.overhead_seconds += time.perf_counter() - begin  # tracing it
+
         self._since_average = 0
         self._first = 0
         self._loss_0 = None
