@@ -33,3 +33,12 @@ def positive(name: str, value) -> float:
     if not math.isfinite(value_) or value_ <= 0:
         raise ValueError(f"`{name}` must be a number > 0. Received: {name}={value!r}")
     return value_
+
+
+def boolean(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"`{name}` must be True or False. "
+            f"Received: {name}={value!r} of type {type(value).__name__}"
+        )
+    return bool(value)

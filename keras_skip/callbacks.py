@@ -33,7 +33,16 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     A checkpoint written at a batch inside an epoch (`save_freq=<int>`)
     holds replica 0's weights, not their average; use epoch-level saves.
 
+    Every epoch's logs (so `History`, `CSVLogger` and `TensorBoard`, which
+    writes them as `epoch_*` scalars) get the epoch's telemetry: `interval`,
+    `averages` (averages performed), `bytes_sent` (bytes each replica put
+    into all-reduces, see `SkipCorrectionOptimizer.bytes_sent`) and, with
+    `measure_drift=True`, `drift` (the mean over the epoch's averages of
+    `mean_i ||x_i - x_bar||`; 0 when none took place). List this callback
+    before `TensorBoard` and `CSVLogger`: callbacks see the logs in order.
+
     Example:
+
 
     ```python
     import keras
@@ -54,6 +63,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self._optimizer: SkipCorrectionOptimizer | None = None
+        self._counters = (0, 0, 0.0)
 
     @property
     def optimizer(self) -> SkipCorrectionOptimizer:
@@ -80,6 +90,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                 "correction": optimizer.correction,
                 "optimizer_state": optimizer.optimizer_state,
                 "warmup_steps": optimizer.warmup_steps,
+                "measure_drift": optimizer.measure_drift,
                 "steps_per_execution": self.model.steps_per_execution,
                 "trainable parameters": sum(
                     int(np.prod(v.shape)) for v in self.model.trainable_variables
@@ -98,8 +109,29 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         if isinstance(optimizer, SkipCorrectionOptimizer):
             optimizer.average()
 
+    def _read_counters(self) -> tuple[int, int, float]:
+        optimizer = self._optimizer
+        return (
+            optimizer.averages_performed,
+            optimizer.bytes_sent,
+            optimizer.drift[0],
+        )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._counters = self._read_counters()
+
     def on_epoch_end(self, epoch, logs=None):
-        self._optimizer.average()
+        optimizer = self._optimizer
+        optimizer.average()
+        if logs is None:
+            return
+        averages, bytes_sent, drift = self._read_counters()
+        start = self._counters
+        logs["interval"] = optimizer.interval
+        logs["averages"] = averages - start[0]
+        logs["bytes_sent"] = bytes_sent - start[1]
+        if optimizer.measure_drift:
+            logs["drift"] = (drift - start[2]) / max(averages - start[0], 1)
 
     def on_train_end(self, logs=None):
         self._optimizer.average()
@@ -245,11 +277,9 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if logs is not None:
-            logs["interval"] = self._optimizer.interval
-            if self.decision is not None:
-                logs["t_comp"] = self.decision.t_comp
-                logs["t_comm"] = self.decision.t_comm
+        if logs is not None and self.decision is not None:
+            logs["t_comp"] = self.decision.t_comp
+            logs["t_comm"] = self.decision.t_comm
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):

@@ -126,6 +126,37 @@ def average(
     return np.broadcast_to(x_bar, x.shape).copy(), correction
 
 
+def outer_step(
+    x_start: np.ndarray,
+    x_bar: np.ndarray,
+    outer: InnerOptimizer,
+    slots: tuple[np.ndarray, ...],
+    learning_rate: float,
+    t: int,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The outer optimizer's step at an average (SlowMo, DiLoCo).
+
+    The period's averaged update ``x_start - x_bar`` is a pseudo-gradient for
+    the outer optimizer, applied from ``x_start``, the weights every replica
+    held when the period began. Returns ``(x_new, new_slots)``. Plain SGD with
+    learning rate 1 gives ``x_new = x_bar``: the average without an outer
+    optimizer.
+    """
+    displacement, slots = outer.step(x_start - x_bar, x_start, slots, learning_rate, t)
+    return x_start + displacement, slots
+
+
+def drift(x: np.ndarray) -> float:
+    """The replicas' drift ``mean_i ||x_i - x_bar||``, measured at an average.
+
+    ``x`` has the replica axis first; the norm runs over all other axes (the
+    whole model as one vector). 0 when the replicas agree.
+    """
+    x = np.asarray(x, np.float64)
+    deviation = (x - x.mean(axis=0, keepdims=True)).reshape(len(x), -1)
+    return float(np.linalg.norm(deviation, axis=1).mean())
+
+
 def is_synchronous_step(step: int, interval: int, warmup_steps: int) -> bool:
     """Whether 0-based optimizer step ``step`` takes the synchronous path.
 
@@ -201,6 +232,8 @@ class SimulationResult:
     interval_averages: int
     boundary_averages: int
     history: list[np.ndarray]
+    #: :func:`drift` just before each average, in order.
+    drifts: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def averages(self) -> int:
@@ -221,6 +254,8 @@ def simulate(
     warmup_steps: int = 0,
     boundaries: Iterable[int] = (),
     x_init: np.ndarray | None = None,
+    outer: InnerOptimizer | None = None,
+    outer_learning_rate: float = 1.0,
 ) -> SimulationResult:
     """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
 
@@ -242,6 +277,9 @@ def simulate(
         warmup_steps: Number of initial synchronous steps.
         boundaries: Step counts after which a boundary average happens (end of
             an epoch): ``3`` means after the third step.
+        outer: An outer optimizer applied at every average (see
+            :func:`outer_step`), or None.
+        outer_learning_rate: Its learning rate.
 
     Returns:
         A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
@@ -264,10 +302,16 @@ def simulate(
     slots_apart = False
     boundaries = set(boundaries)
     history = []
+    drifts = []
+    # The weights every replica held when the current period began.
+    x_start = x.copy()
+    outer_slots = outer.init(x_start) if outer else ()
+    outer_steps = 0
 
     def do_average(include_slots=False):
-        nonlocal x, c, slots, gamma, local, slots_apart
+        nonlocal x, c, slots, gamma, local, slots_apart, outer_slots, outer_steps
         if n > 1:
+            drifts.append(drift(x))
             x, c = average(x, c, gamma, correction)
             if optimizer_state == "average" or include_slots:
                 slots = tuple(_replicate_mean(s) for s in slots)
@@ -275,6 +319,11 @@ def simulate(
             elif optimizer_state == "reset":
                 slots = tuple(np.zeros_like(s) for s in slots)
                 slots_apart = False
+        if outer and local:  # not for slots-only averages
+            x, outer_slots = outer_step(
+                x_start, x, outer, outer_slots, outer_learning_rate, outer_steps
+            )
+            outer_steps += 1
         gamma, local = 0.0, 0
 
     for t in range(steps):
@@ -288,6 +337,8 @@ def simulate(
             displacement, slots = inner.step(g_bar, x, slots, lr, t)
             x = x + displacement
         else:
+            if not local:
+                x_start = x.copy()
             displacement, slots = inner.step(g, x, slots, lr, t)
             x = local_step(x, displacement, c if n > 1 else 0.0, lr)
             gamma += lr
@@ -301,7 +352,15 @@ def simulate(
             boundary_averages += 1
         history.append(x.copy())
     return SimulationResult(
-        x, c, slots, gamma, local, interval_averages, boundary_averages, history
+        x,
+        c,
+        slots,
+        gamma,
+        local,
+        interval_averages,
+        boundary_averages,
+        history,
+        drifts,
     )
 
 

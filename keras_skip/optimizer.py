@@ -71,6 +71,18 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             weights (more traffic), `"reset"` sets them to zero.
         warmup_steps: Integer >= 0, default 0. Number of initial steps taken
             synchronously before local steps start.
+        outer_optimizer: Optional `keras.optimizers.Optimizer`, default None.
+            Applied at every average to the period's averaged update, as in
+            SlowMo and DiLoCo: `x_start - x_bar` (the weights when the period
+            began minus their average now) is its gradient, and it moves
+            `x_start`; for example `keras.optimizers.SGD(0.7, momentum=0.9,
+            nesterov=True)`. Its state (momentum) is identical on every
+            replica and saved with the rest. None: the average is the new
+            weights. A new, unbuilt instance, like `inner_optimizer`.
+        measure_drift: Bool, default False. Measure the drift
+            `mean_i ||x_i - x_bar||` (trainable weights, all replicas) at
+            every average, for the training logs and TensorBoard; it costs
+            one extra all-reduce of one float per average.
         name: Optional name of the optimizer.
 
     Example:
@@ -101,11 +113,21 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         correction: float = 1.0,
         optimizer_state: str = "local",
         warmup_steps: int = 0,
+        outer_optimizer: keras.optimizers.Optimizer | None = None,
+        measure_drift: bool = False,
         name: str | None = None,
         **kwargs,
     ):
         _reject_base_arguments(kwargs)
-        _check_inner_optimizer(inner_optimizer)
+        _check_wrapped_optimizer(inner_optimizer)
+        if outer_optimizer is not None:
+            _check_wrapped_optimizer(outer_optimizer, "outer_optimizer")
+            if outer_optimizer is inner_optimizer:
+                raise ValueError(
+                    "`outer_optimizer` must be another optimizer instance than "
+                    "`inner_optimizer`: they keep different state. Received "
+                    "the same object for both."
+                )
         interval = _checks.integer("interval", interval, minimum=1)
         warmup_steps = _checks.integer("warmup_steps", warmup_steps, minimum=0)
         correction = _check_correction(correction)
@@ -118,6 +140,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(self._distribution_strategy)
         self.inner_optimizer = inner_optimizer
+        self.outer_optimizer = outer_optimizer
         # The wrapper steps the inner optimizer's counter and uses its learning
         # rate. Its own copies, created by the base class, stay tracked
         # (TensorFlow checkpoints refuse lists that lost an element) but are
@@ -128,6 +151,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._correction = correction
         self._optimizer_state = optimizer_state
         self._warmup_steps = warmup_steps
+        self._measure_drift = _checks.boolean("measure_drift", measure_drift)
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
         self._attached = False
@@ -168,6 +192,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return self._warmup_steps
 
     @property
+    def measure_drift(self) -> bool:
+        """Whether each average measures the replicas' drift."""
+        return self._measure_drift
+
+    @property
     def averages_performed(self) -> int:
         """Averages performed so far (interval and boundary averages)."""
         return int(self._averages.numpy()) if self.built else 0
@@ -177,6 +206,22 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """Steps taken synchronously (interval 1 or warm-up): each all-reduced
         the gradients."""
         return int(self._synchronous.numpy()) if self.built else 0
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes each replica has put into all-reduces so far: every
+        average's payload and every synchronous step's gradients, counted
+        dense (a ring all-reduce moves about twice this over the links)."""
+        return int(self._bytes.numpy()) if self.built else 0
+
+    @property
+    def drift(self) -> tuple[float, float]:
+        """``(sum over averages, last)`` of the measured drift
+        ``mean_i ||x_i - x_bar||``; zeros unless ``measure_drift=True``."""
+        if not self.built or not self._measure_drift:
+            return 0.0, 0.0
+        total, last = self._drift.numpy().tolist()
+        return total, last
 
     @property
     def local_steps_since_average(self) -> int:
@@ -222,7 +267,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         skip = self._unused + getattr(self, "_unsaved", ())
         own = [v for v in self._variables if all(v is not u for u in skip)]
 
-        return own + self.inner_optimizer.variables
+        outer = self.outer_optimizer.variables if self.outer_optimizer else []
+        return own + self.inner_optimizer.variables + outer
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
@@ -231,7 +277,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # Keras' saving walks `dir()` and would also save and reload the
         # inner optimizer on its own, after the wrapper, overwriting the
         # per-replica slots the wrapper restored. The wrapper saves it whole.
-        return [a for a in super().__dir__() if a != "inner_optimizer"]
+        return [
+            a
+            for a in super().__dir__()
+            if a not in ("inner_optimizer", "outer_optimizer")
+        ]
 
     # ------------------------------------------------------------------
     # Building.
@@ -240,10 +290,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     @tracking.no_automatic_dependency_tracking
     def build(self, var_list):
         strategy = tf.distribute.get_strategy()
-        for owner, label in (
-            (self, "SkipCorrectionOptimizer"),
-            (self.inner_optimizer, "inner_optimizer"),
-        ):
+        wrapped = [(self.inner_optimizer, "inner_optimizer")]
+        if self.outer_optimizer is not None:
+            wrapped.append((self.outer_optimizer, "outer_optimizer"))
+        for owner, label in [(self, "SkipCorrectionOptimizer"), *wrapped]:
             if owner._distribution_strategy is not strategy:
                 raise ValueError(
                     f"The {label} was created outside the distribution "
@@ -251,14 +301,19 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     "optimizer and the SkipCorrectionOptimizer inside "
                     "`strategy.scope()`."
                 )
-        if self.inner_optimizer.built:
-            raise ValueError(
-                "The inner optimizer has already been built on variables, "
-                "possibly by another model. Pass a new, unused optimizer "
-                "instance to SkipCorrectionOptimizer."
-            )
+        for owner, label in wrapped:
+            if owner.built:
+                raise ValueError(
+                    f"The {label.replace('_', ' ')} has already been built on "
+                    "variables, possibly by another model. Pass a new, unused "
+                    "optimizer instance to SkipCorrectionOptimizer."
+                )
         super().build(var_list)
         self.inner_optimizer.build(var_list)
+        if self.outer_optimizer is not None:
+            self.outer_optimizer.build(var_list)
+            # The weights when the current period began (see _anchor).
+            self._starts = self.add_optimizer_variables(var_list, "period_start")
         self._interval_variable = self.add_variable(
             (),
             initializer=keras.initializers.Constant(self._initial_interval),
@@ -271,6 +326,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._synchronous = self.add_variable(
             (), dtype="int64", name="synchronous_steps"
         )
+        self._bytes = self.add_variable((), dtype="int64", name="bytes_sent")
+        if self._measure_drift:
+            # The sum of the drifts measured so far, and the last one.
+            self._drift = self.add_variable((2,), dtype="float64", name="drift")
 
         # 1 while the inner optimizer's slots differ between replicas (policy
         # "local"): a synchronous step must not start from them.
@@ -378,12 +437,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             for g, v in zip(grads, variables, strict=True):
                 extended.update(v, self._inner_update, args=(g, lr), group=False)
             self._synchronous.value.assign_add(1)
+            if n > 1:
+                self._bytes.value.assign_add(_bytes(variables))
             return tf.constant(False)
 
         probe_steps = self._probe_steps.value
         probing = probe_steps > 0
 
         def local_step():
+            if self.outer_optimizer is not None:
+                self._record_period_start(distribution, variables)
             updates = []
             for g, v in zip(local_grads, variables, strict=True):
                 c = self._corrections[self._get_variable_index(v)] if n > 1 else None
@@ -450,9 +513,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
         rows = distribution.extended.call_for_each_replica(own_row)
         if n > 1:
-            rows = distribution.extended.batch_reduce_to(
-                tf.distribute.ReduceOp.SUM, [(rows, rows)]
-            )[0]
+            rows = distribution.extended.reduce_to(
+                tf.distribute.ReduceOp.SUM, rows, rows
+            )
+
         longest = tf.reduce_max(distribution.experimental_local_results(rows)[0], 0)
         with tf.control_dependencies([longest]):
             exchanged = tf.timestamp()
@@ -470,13 +534,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return tf.constant(True)
 
     def _inner_update(self, variable, gradient, lr):
-        inner = self.inner_optimizer
-        if inner.weight_decay is not None and inner._use_weight_decay(variable):
-            decay = tf.cast(lr, variable.dtype) * tf.cast(
-                inner.weight_decay, variable.dtype
-            )
-            variable.assign_sub(variable * decay)
-        inner.update_step(gradient, variable, lr)
+        _optimizer_update(self.inner_optimizer, variable, gradient, lr)
+
+    def _outer_update(self, variable, start, lr):
+        # `variable` holds the average: the pseudo-gradient moves `start`.
+        pseudo_gradient = start - variable
+        variable.assign(start)
+        _optimizer_update(self.outer_optimizer, variable, pseudo_gradient, lr)
 
     def _local_update(self, variable, gradient, lr, correction):
         self._inner_update(variable, gradient, lr)
@@ -516,6 +580,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 tf.distribute.ReduceOp.MEAN,
                 list(zip(per_replica, payload, strict=True)),
             )
+            self._bytes.value.assign_add(_bytes(payload))
+            if self._measure_drift:
+                self._record_drift(distribution, weights, means[: len(weights)])
             scale = tf.math.divide_no_nan(
                 tf.constant(self._correction, tf.float32), self._gamma.value
             )
@@ -535,10 +602,61 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     s.assign(tf.zeros(s.shape, s.dtype))
             if include_slots or self._optimizer_state != "local":
                 self._slots_apart.value.assign(0)
+        if self.outer_optimizer is not None:
+            self._outer_step(distribution)
         self._gamma.value.assign(0.0)
         self._local_steps.value.assign(0)
         self._averages.value.assign_add(1)
         return tf.constant(True)
+
+    def _record_period_start(self, distribution, variables):
+        """Keeps the weights at the first local step of a period (identical
+        on every replica: they were just averaged or synchronized)."""
+        extended = distribution.extended
+
+        def record():
+            for v in variables:
+                start = _tf_variable(self._starts[self._get_variable_index(v)])
+                extended.update(start, _assign, args=(v,), group=False)
+            return tf.constant(True)
+
+        return tf.cond(self._local_steps.value == 0, record, lambda: tf.constant(False))
+
+    def _outer_step(self, distribution):
+        """The outer optimizer's step on ``start - average``, after the
+        average and only if the period had local steps."""
+        outer = self.outer_optimizer
+        extended = distribution.extended
+
+        def step():
+            lr = tf.convert_to_tensor(outer.learning_rate)
+            for v in self._trainable_variables:
+                start = _tf_variable(self._starts[self._get_variable_index(v)])
+                extended.update(
+                    _tf_variable(v), self._outer_update, args=(start, lr), group=False
+                )
+            outer.iterations.value.assign_add(1)
+            return tf.constant(True)
+
+        return tf.cond(self._local_steps.value > 0, step, lambda: tf.constant(False))
+
+    def _record_drift(self, distribution, weights, means):
+        """Records ``mean_i ||x_i - x_bar||`` before the weights are overwritten."""
+
+        def own_drift(means):
+            squares = [
+                tf.reduce_sum(tf.square(tf.cast(v.read_value() - m, tf.float64)))
+                for v, m in zip(weights, means, strict=True)
+            ]
+            return tf.sqrt(tf.add_n(squares))
+
+        drift = distribution.extended.call_for_each_replica(own_drift, args=(means,))
+        drift = distribution.extended.batch_reduce_to(
+            tf.distribute.ReduceOp.MEAN, [(drift, drift)]
+        )[0]
+        drift = distribution.experimental_local_results(drift)[0]
+        total = self._drift.value.read_value()[0]
+        self._drift.value.assign(tf.stack([total + drift, drift]))
 
     def _average_if_pending(self, distribution, include_slots=False):
         pending = self._local_steps.value > 0
@@ -657,6 +775,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             "correction": self._correction,
             "optimizer_state": self._optimizer_state,
             "warmup_steps": self._warmup_steps,
+            "measure_drift": self._measure_drift,
+            "outer_optimizer": (
+                None
+                if self.outer_optimizer is None
+                else keras.saving.serialize_keras_object(self.outer_optimizer)
+            ),
         }
 
     @classmethod
@@ -665,7 +789,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects
         )
-        return cls(inner, **config)
+        outer = config.pop("outer_optimizer", None)
+        if outer is not None:
+            outer = keras.saving.deserialize_keras_object(
+                outer, custom_objects=custom_objects
+            )
+        return cls(inner, outer_optimizer=outer, **config)
 
 
 # ----------------------------------------------------------------------
@@ -675,6 +804,22 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
 def _tf_variable(v):
     return v.value if isinstance(v, keras.Variable) else v
+
+
+def _bytes(variables) -> int:
+    """Bytes of the values of these variables (a dense payload)."""
+    return sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size for v in variables)
+
+
+def _optimizer_update(optimizer, variable, gradient, lr):
+    """One step of a wrapped Keras optimizer on one variable, with its weight
+    decay (what `Optimizer.apply` does, minus the gradient all-reduce)."""
+    if optimizer.weight_decay is not None and optimizer._use_weight_decay(variable):
+        decay = tf.cast(lr, variable.dtype) * tf.cast(
+            optimizer.weight_decay, variable.dtype
+        )
+        variable.assign_sub(variable * decay)
+    optimizer.update_step(gradient, variable, lr)
 
 
 def _local_tensors(distribution, values) -> list:
@@ -729,29 +874,29 @@ def _check_correction(value) -> float:
     return float(value)
 
 
-def _check_inner_optimizer(inner) -> None:
+def _check_wrapped_optimizer(inner, label: str = "inner_optimizer") -> None:
     if isinstance(inner, SkipCorrectionOptimizer):
         raise ValueError(
-            "`inner_optimizer` is already a SkipCorrectionOptimizer; wrapping "
+            f"`{label}` is already a SkipCorrectionOptimizer; wrapping "
             "it again would nest two averaging schedules. Wrap the plain "
             "optimizer once."
         )
     if not isinstance(inner, keras.optimizers.Optimizer):
         raise TypeError(
-            "`inner_optimizer` must be a keras.optimizers.Optimizer instance, "
-            f"such as keras.optimizers.SGD(0.01). Received: inner_optimizer="
+            f"`{label}` must be a keras.optimizers.Optimizer instance, "
+            f"such as keras.optimizers.SGD(0.01). Received: {label}="
             f"{inner!r} of type {type(inner).__name__}"
         )
     if type(inner).update_step is keras.optimizers.Optimizer.update_step:
         raise TypeError(
-            "`inner_optimizer` must implement `update_step`, as every "
+            f"`{label}` must implement `update_step`, as every "
             "optimizer in keras.optimizers does; wrappers that override "
             f"`apply` instead (such as {type(inner).__name__}) cannot be "
             "wrapped."
         )
     if inner.gradient_accumulation_steps:
         raise ValueError(
-            "SkipCorrectionOptimizer does not support an inner optimizer with "
+            f"SkipCorrectionOptimizer does not support an `{label}` with "
             "`gradient_accumulation_steps` (Keras accumulates under a "
             "replica-context condition that deadlocks under tf.distribute). "
             "Received: gradient_accumulation_steps="
@@ -760,7 +905,7 @@ def _check_inner_optimizer(inner) -> None:
         )
     if inner.use_ema:
         raise ValueError(
-            "SkipCorrectionOptimizer does not support an inner optimizer with "
+            f"SkipCorrectionOptimizer does not support an `{label}` with "
             "`use_ema=True` (each replica's moving average would drift on its "
             "own). Received: use_ema=True; keep the moving average outside, "
             "for example with a callback on the averaged model."
@@ -792,7 +937,8 @@ def _reject_base_arguments(kwargs) -> None:
         raise TypeError(
             "SkipCorrectionOptimizer got unexpected arguments: "
             f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
-            "correction, optimizer_state, warmup_steps, name."
+            "correction, optimizer_state, warmup_steps, outer_optimizer, "
+            "measure_drift, name."
         )
 
 

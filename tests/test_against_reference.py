@@ -46,7 +46,16 @@ def grad_fn(x, y):
     return fn
 
 
-def train_keras(strategy, make_inner, *, steps_per_execution=1, dataset=False, **skip):
+def train_keras(
+    strategy,
+    make_inner,
+    *,
+    steps_per_execution=1,
+    dataset=False,
+    callbacks=(),
+    make_outer=None,
+    **skip,
+):
     x, y = make_data()
     kernel, bias = start_weights()
     with strategy.scope():
@@ -60,13 +69,15 @@ def train_keras(strategy, make_inner, *, steps_per_execution=1, dataset=False, *
                 ),
             ]
         )
+        if make_outer is not None:
+            skip["outer_optimizer"] = make_outer()
         optimizer = keras_skip.SkipCorrectionOptimizer(make_inner(), **skip)
         model.compile(
             optimizer=optimizer, loss="mse", steps_per_execution=steps_per_execution
         )
     xs = x.reshape(-1, D).astype("float32")
     ys = y.reshape(-1, 1).astype("float32")
-    callbacks = [keras_skip.SkipCorrectionCallback()]
+    callbacks = [keras_skip.SkipCorrectionCallback(), *callbacks]
     if dataset:
         data = tf.data.Dataset.from_tensor_slices((xs, ys)).batch(GLOBAL_BATCH)
         model.fit(data, epochs=EPOCHS, verbose=0, callbacks=callbacks)

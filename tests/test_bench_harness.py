@@ -28,7 +28,9 @@ def leftovers():
 @pytest.mark.slow
 def test_quick_mode_runs_every_method_and_reports(tmp_path):
     lines = []
-    args = harness.build_parser().parse_args(["--quick", "--out", str(tmp_path)])
+    args = harness.build_parser().parse_args(
+        ["--quick", "--measure-drift", "--out", str(tmp_path)]
+    )
     report = harness.run(args, print_fn=lines.append)
     output = "\n".join(lines)
     assert "2 workers, loopback" in output
@@ -52,8 +54,15 @@ def test_quick_mode_runs_every_method_and_reports(tmp_path):
     assert "[sync] epoch 1/2" in output  # progress display
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["target"] == pytest.approx(report["target"])
-    for name in ("accuracy_vs_time.png", "epoch_time.png", "accuracy_vs_epoch.png"):
-        assert (tmp_path / name).stat().st_size > 1000
+    plots = ("accuracy_vs_time", "epoch_time", "accuracy_vs_epoch", "drift_vs_epoch")
+    for name in plots:
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    # Telemetry from the workers' logs: drift at averages, bytes per epoch.
+    methods = {m["name"]: m for m in saved["methods"]}
+    skip_epochs = methods["skip"]["epochs"]
+    assert all(e["drift"] > 0 for e in skip_epochs)
+    assert sum(e["bytes_sent"] for e in skip_epochs) == methods["skip"]["payload_bytes"]
+    assert all(e["drift"] is None for e in methods["sync"]["epochs"])
 
 
 def test_bad_arguments_are_clear_errors():
@@ -66,6 +75,25 @@ def test_bad_arguments_are_clear_errors():
         harness.run(harness.build_parser().parse_args(["--stop-at-target"]))
     with pytest.raises(SystemExit, match=r"--target must be in \(0, 1\]"):
         harness.run(harness.build_parser().parse_args(["--target", "88"]))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workers", "0"], "--workers: must be an integer >= 1, got '0'"),
+        (["--outer-momentum", "1.5"], "--outer-momentum: must be a number in [0, 1)"),
+        (
+            ["--outer-learning-rate", "-1"],
+            "--outer-learning-rate: must be a number > 0",
+        ),
+        (["--methods", "fast"], "--methods: invalid choice: 'fast'"),
+    ],
+)
+def test_bad_options_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        harness.build_parser().parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 @needs_emulation

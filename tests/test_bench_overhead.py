@@ -46,7 +46,8 @@ def test_adacomm_all_reduces_the_loss_and_recomputes_the_interval_at_every_avera
     assert len(adacomm.intervals) == adacomm.collectives
     assert all(1 <= h <= 16 for h in adacomm.intervals)
     assert adacomm.bytes_sent == 8 * adacomm.collectives
-    assert adacomm.overhead_seconds > 0
+    assert adacomm.overhead_seconds > adacomm.tracing_seconds > 0
+
     # The loss falls, so the AdaComm rule shrinks the interval below H_0.
     assert adacomm.intervals[-1] < 4
 
@@ -80,8 +81,14 @@ def test_overhead_benchmark_runs_and_reports_every_strategy(capsys):
         "AdaComm-style",
         "grid",
     ]
-    ours, _adacomm, grid = rows
+    ours, adacomm, grid = rows
     assert ours.collectives == 2
     assert grid.choosing_seconds > ours.choosing_seconds
+    # Tracing is counted for both callbacks, and is part of their cost.
+    assert 0 < ours.tracing_seconds < ours.choosing_seconds
+    assert 0 < adacomm.tracing_seconds < adacomm.choosing_seconds
+    assert grid.tracing_seconds is None
     table = overhead.format_table(rows)
     assert "x ours" in table and "of its training time choosing" in table
+    assert "of which tracing" in table and "in trials" in table
+

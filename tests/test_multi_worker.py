@@ -35,8 +35,9 @@ def outputs(tmp_path, n):
     return [dict(np.load(tmp_path / f"worker-{i}.npz")) for i in range(n)]
 
 
-def mirrored_reference(n, **overrides):
-    """The same training on n MirroredStrategy replicas of this process."""
+def mirrored_reference(n, with_history=False, **overrides):
+    """The same training on n MirroredStrategy replicas of this process:
+    (weights, corrections), and the `History` dict if `with_history`."""
     import keras_skip
 
     config = {**fit_worker.DEFAULTS, **overrides}
@@ -49,9 +50,11 @@ def mirrored_reference(n, **overrides):
     batch = config["batch_per_replica"] * n
     if config["dataset"]:
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-        model.fit(data, epochs=config["epochs"], verbose=0, callbacks=callbacks)
+        history = model.fit(
+            data, epochs=config["epochs"], verbose=0, callbacks=callbacks
+        )
     else:
-        model.fit(
+        history = model.fit(
             x,
             y,
             batch_size=batch,
@@ -68,6 +71,8 @@ def mirrored_reference(n, **overrides):
             np.concatenate([copies[r].ravel() for copies in per_variable])
             for r in range(n)
         ]
+    if with_history:
+        return weights, corrections, history.history
     return weights, corrections
 
 
@@ -97,6 +102,44 @@ def test_four_workers_equal_four_mirrored_replicas(tmp_path):
     weights, corrections = mirrored_reference(4, **config)
     np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
     for i in range(4):
+        np.testing.assert_allclose(
+            results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
+        )
+
+
+@pytest.mark.slow
+def test_telemetry_of_two_workers_equals_two_mirrored_replicas(tmp_path):
+    config = dict(interval=3, momentum=0.5, epochs=2, measure_drift=True)
+    result = run_workers(tmp_path, 2, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    weights, _, expected = mirrored_reference(2, with_history=True, **config)
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+    # 256 samples / (2 x 8) = 16 steps per epoch: 5 interval averages and a
+    # boundary one, each of the 6*16 + 16 + 16 + 1 = 129 float32 weights.
+    assert expected["averages"] == [6, 6]
+    assert expected["bytes_sent"] == [6 * 129 * 4] * 2
+    assert min(expected["drift"]) > 0
+    for r in results:
+        assert r["history_averages"].tolist() == expected["averages"]
+        assert r["history_bytes_sent"].tolist() == expected["bytes_sent"]
+        assert r["bytes_sent"] == 2 * 6 * 129 * 4
+        np.testing.assert_allclose(r["history_drift"], expected["drift"], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_outer_optimizer_on_two_workers_equals_two_mirrored_replicas(tmp_path):
+    config = dict(interval=4, momentum=0.5, epochs=2, outer=[0.7, 0.9])
+    result = run_workers(tmp_path, 2, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    weights, corrections = mirrored_reference(2, **config)
+    plain, _ = mirrored_reference(2, **{**config, "outer": None})
+    assert np.abs(weights - plain).max() > 1e-3  # the outer step matters
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+    for i in range(2):
         np.testing.assert_allclose(
             results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
         )

@@ -18,9 +18,11 @@ def data(seed=0):
     return x, y
 
 
-def new_model(strategy, seed=0, **skip):
+def new_model(strategy, seed=0, make_outer=None, **skip):
     keras.utils.set_random_seed(seed)
     with strategy.scope():
+        if make_outer is not None:
+            skip["outer_optimizer"] = make_outer()
         model = keras.Sequential(
             [
                 keras.Input((D,)),

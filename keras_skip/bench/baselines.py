@@ -69,6 +69,8 @@ class AdaCommCallback(SkipCorrectionCallback):
         self.initial_interval = initial_interval
         self.max_interval = max_interval
         self.overhead_seconds = 0.0
+        #: Of `overhead_seconds`, tracing its all-reduce function.
+        self.tracing_seconds = 0.0
         self.collectives = 0
         self.bytes_sent = 0
         self.intervals: list[int] = []
@@ -79,7 +81,8 @@ class AdaCommCallback(SkipCorrectionCallback):
         optimizer.interval = self.initial_interval
         begin = time.perf_counter()
         self._mean = WorkerMean(optimizer._distribution_strategy)
-        self.overhead_seconds += time.perf_counter() - begin  # tracing it
+        self.tracing_seconds = time.perf_counter() - begin
+        self.overhead_seconds += self.tracing_seconds
 
         self._since_average = 0
         self._first = 0

@@ -53,7 +53,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
-ALL_METHODS = ("sync", "local", "skip", "adaptive", "adacomm", "nocomm")
+def _momentum(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value
+
+
+ALL_METHODS = ("sync", "local", "skip", "adaptive", "adacomm", "nocomm", "outer")
+#: What runs without --methods: "outer" (an option under evaluation) is opt-in.
+DEFAULT_METHODS = ALL_METHODS[:-1]
 
 
 @dataclasses.dataclass
@@ -136,6 +148,15 @@ def method_plan(args) -> list[tuple[str, str, dict]]:
                 )
         elif method == "adacomm":
             plan.append(("adacomm", "AdaComm-style local SGD", {"method": "adacomm"}))
+        elif method == "outer":
+            plan.append(
+                (
+                    "outer",
+                    f"skip+correction, Nesterov outer {args.outer_learning_rate:g} "
+                    f"(interval {args.interval})",
+                    {"method": "outer"},
+                )
+            )
         elif method == "nocomm":
             plan.append(
                 (
@@ -354,6 +375,26 @@ def plot(
         plt.close(fig)
 
     accuracy_plot(lambda e: e["epoch"], "epoch", "accuracy_vs_epoch.png")
+
+    drifting = [r for r in trained if any(e.get("drift") for e in r.epochs)]
+    if drifting:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in drifting:
+            ax.plot(
+                [e["epoch"] for e in r.epochs],
+                [e.get("drift") for e in r.epochs],
+                marker="o",
+                markersize=3,
+                label=r.label,
+            )
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("drift at an average, mean_i ||x_i - x_bar||")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        paths.append(str(out_dir / "drift_vs_epoch.png"))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
     return paths
 
 
@@ -408,9 +449,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop each method once it reaches --target",
     )
     parser.add_argument(
-        "--methods", nargs="+", choices=ALL_METHODS, default=list(ALL_METHODS)
+        "--methods", nargs="+", choices=ALL_METHODS, default=list(DEFAULT_METHODS)
+    )
+    parser.add_argument(
+        "--outer-learning-rate",
+        type=_positive_float,
+        default=0.7,
+        help="learning rate of method outer's Nesterov SGD outer optimizer",
+    )
+    parser.add_argument(
+        "--outer-momentum",
+        type=_momentum,
+        default=0.9,
+        help="momentum of method outer's outer optimizer",
     )
     parser.add_argument("--nocomm-epochs", type=_positive_int, default=3)
+    parser.add_argument(
+        "--measure-drift",
+        action="store_true",
+        help="measure the replicas' drift at every average (one more small "
+        "all-reduce per average) and plot it",
+    )
     parser.add_argument(
         "--timeout",
         type=_positive_float,
@@ -462,6 +521,9 @@ def run(args, print_fn=print) -> dict:
         "max_interval": args.max_interval,
         "seed": args.seed,
         "stop_at": args.target if args.stop_at_target else None,
+        "measure_drift": args.measure_drift,
+        "outer_learning_rate": args.outer_learning_rate,
+        "outer_momentum": args.outer_momentum,
     }
     emulate = emulation_possible(args.bandwidth, print_fn)
 

@@ -9,10 +9,9 @@ grid search (one short trial run per candidate interval, then training at the
 winner). For each it reports the wall time, collectives and bytes per replica
 spent on choosing the interval, beyond training itself, and the total
 training time. Tracing counts: the baseline's loss all-reduce function, and
-for the callback the timing exchange in its train step (priced by tracing it
-alone, see `exchange_tracing_seconds`).
+for the callback the timing exchange in its train step (see
+`exchange_tracing_seconds`).
 """
-
 
 from __future__ import annotations
 
@@ -33,6 +32,9 @@ class OverheadRow:
     bytes_sent: int
     total_seconds: float
     val_accuracy: float
+    #: Of `choosing_seconds`, the part spent tracing (compiling) functions;
+    #: None where it is not told apart (grid search's trial runs).
+    tracing_seconds: float | None = None
 
 
 def run(
@@ -82,7 +84,9 @@ def run(
 
     rows = []
 
-    def record(strategy, interval, choosing_seconds, counted, total, accuracy):
+    def record(
+        strategy, interval, choosing_seconds, counted, total, accuracy, tracing=None
+    ):
         # `counted` has the collectives and bytes it spent on choosing.
         rows.append(
             OverheadRow(
@@ -93,6 +97,7 @@ def run(
                 counted.bytes_sent,
                 total,
                 accuracy,
+                tracing,
             )
         )
         if verbose:
@@ -101,13 +106,15 @@ def run(
     adaptive = keras_skip.AdaptiveIntervalCallback(verbose=int(verbose))
     model = make_model(1)
     seconds, accuracy = train(model, adaptive)
+    tracing = exchange_tracing_seconds(model.optimizer)
     record(
         "AdaptiveIntervalCallback",
         str(adaptive.decision.interval),
-        adaptive.overhead_seconds + exchange_tracing_seconds(model.optimizer),
+        adaptive.overhead_seconds + tracing,
         adaptive,
         seconds,
         accuracy,
+        tracing,
     )
 
     adacomm = baselines.AdaCommCallback(initial_interval=8)
@@ -120,6 +127,7 @@ def run(
         adacomm,
         seconds,
         accuracy,
+        adacomm.tracing_seconds,
     )
 
     search = baselines.grid_search_interval(
@@ -144,27 +152,37 @@ def run(
     return rows
 
 
-def exchange_tracing_seconds(optimizer) -> float:
-    """Seconds to trace the probe's timing exchange on its own.
+def exchange_tracing_seconds(optimizer, repeats: int = 3) -> float:
+    """Seconds the probe's timing exchange adds to tracing the train function.
 
-    The exchange is a branch of the train function, traced with it; tracing
-    the same code alone in a function of its own (an upper bound: a function
-    costs more to set up than a branch) prices that share of the tracing.
+    The exchange is a `tf.cond` branch of the train step, traced with it.
+    This traces a function holding that condition twice, with the exchange
+    and with an empty branch in its place, and returns the median difference.
     """
     import tensorflow as tf
 
     strategy = optimizer._distribution_strategy
 
-    @tf.function(autograph=False)
-    def exchange():
-        return optimizer._exchange_timings(
-            tf.distribute.get_strategy(), tf.timestamp(), tf.timestamp()
-        )
+    def traced(with_exchange: bool) -> float:
+        @tf.function(autograph=False)
+        def step():
+            distribution = tf.distribute.get_strategy()
+            start, end = tf.timestamp(), tf.timestamp()
+            return tf.cond(
+                optimizer._probe_steps.value > 0,
+                (lambda: optimizer._exchange_timings(distribution, start, end))
+                if with_exchange
+                else (lambda: tf.constant(True)),
+                lambda: tf.constant(False),
+            )
 
-    with strategy.scope():
-        begin = time.perf_counter()
-        exchange.get_concrete_function()
-        return time.perf_counter() - begin
+        with strategy.scope():
+            begin = time.perf_counter()
+            step.get_concrete_function()
+            return time.perf_counter() - begin
+
+    differences = sorted(traced(True) - traced(False) for _ in range(repeats))
+    return max(differences[len(differences) // 2], 0.0)
 
 
 def format_table(rows: list[OverheadRow]) -> str:
@@ -173,6 +191,7 @@ def format_table(rows: list[OverheadRow]) -> str:
         "strategy",
         "interval",
         "choosing: wall time",
+        "of which tracing",
         "collectives",
         "bytes / replica",
         "x ours",
@@ -186,6 +205,9 @@ def format_table(rows: list[OverheadRow]) -> str:
                 r.strategy,
                 r.interval,
                 f"{r.choosing_seconds * 1e3:.1f} ms",
+                "in trials"
+                if r.tracing_seconds is None
+                else f"{r.tracing_seconds * 1e3:.1f} ms",
                 str(r.collectives),
                 f"{r.bytes_sent:,}",
                 f"{r.choosing_seconds / ours:,.0f}x" if ours > 0 else "-",

@@ -16,7 +16,7 @@ import sys
 import time
 
 DEFAULTS = {
-    "method": "skip",  # sync, local, skip, adaptive, adacomm, nocomm
+    "method": "skip",  # sync, local, skip, adaptive, adacomm, nocomm, outer
     "workload": "mlp",  # mlp, mlp-noniid, cnn
     "hidden": [1024, 1024],
     "epochs": 12,
@@ -25,6 +25,9 @@ DEFAULTS = {
     "interval": 32,
     "target_ratio": 1.0,
     "max_interval": 64,
+    "measure_drift": False,
+    "outer_learning_rate": 0.7,
+    "outer_momentum": 0.9,
     "stop_at": None,  # stop once validation accuracy reaches this
     "seed": 0,
     "peer_timeout": 60.0,
@@ -78,8 +81,19 @@ def build(config, strategy):
         else:
             interval = NEVER if method == "nocomm" else config["interval"]
             correction = 0.0 if method in ("local", "adacomm", "nocomm") else 1.0
+            outer = None
+            if method == "outer":
+                outer = keras.optimizers.SGD(
+                    config["outer_learning_rate"],
+                    momentum=config["outer_momentum"],
+                    nesterov=True,
+                )
             optimizer = keras_skip.SkipCorrectionOptimizer(
-                inner, interval=interval, correction=correction
+                inner,
+                interval=interval,
+                correction=correction,
+                outer_optimizer=outer,
+                measure_drift=config["measure_drift"],
             )
         model.compile(
             optimizer=optimizer,
@@ -87,7 +101,7 @@ def build(config, strategy):
             metrics=["accuracy"],
         )
     callbacks = []
-    if method in ("local", "skip"):
+    if method in ("local", "skip", "outer"):
         callbacks.append(keras_skip.SkipCorrectionCallback())
     elif method == "adaptive":
         callbacks.append(
@@ -165,6 +179,9 @@ def main(argv=None) -> int:
                 "iterations": int(optimizer_.iterations.numpy()),
                 "averages": optimizer_.averages_performed if skip else None,
                 "interval": optimizer_.interval if skip else 1,
+                # Telemetry of keras-skip's callbacks (absent for sync, nocomm).
+                "bytes_sent": logs.get("bytes_sent"),
+                "drift": logs.get("drift"),
             }
             records.append(record)
             if index == 0:
@@ -217,8 +234,7 @@ def main(argv=None) -> int:
         synchronizations, payload = iterations, iterations * parameters * 4
     else:
         synchronizations = optimizer.averages_performed + optimizer.synchronous_steps
-        payload = synchronizations * parameters * 4
-
+        payload = optimizer.bytes_sent
         for callback in callbacks:
             payload += getattr(callback, "bytes_sent", 0)
     decision = optimizer.interval_decision if skip else None

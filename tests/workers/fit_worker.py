@@ -17,6 +17,8 @@ DEFAULTS = {
     "interval": 3,
     "correction": 1.0,
     "adaptive": False,
+    "measure_drift": False,
+    "outer": None,  # [learning_rate, momentum] of a Nesterov SGD outer optimizer
     "momentum": 0.0,
     "epochs": 2,
     "samples": 256,
@@ -67,8 +69,16 @@ def build_model(config, strategy):
         if config["mode"] == "skip":
             import keras_skip
 
+            outer = None
+            if config["outer"]:
+                rate, momentum = config["outer"]
+                outer = keras.optimizers.SGD(rate, momentum=momentum, nesterov=True)
             optimizer = keras_skip.SkipCorrectionOptimizer(
-                inner, interval=config["interval"], correction=config["correction"]
+                inner,
+                interval=config["interval"],
+                correction=config["correction"],
+                measure_drift=config["measure_drift"],
+                outer_optimizer=outer,
             )
         else:
             optimizer = inner
@@ -181,6 +191,10 @@ def main():
         corrections = [c for c in optimizer._corrections if c is not None]
         result["corrections"] = np.concatenate([c.numpy().ravel() for c in corrections])
         result["averages"] = optimizer.averages_performed
+        result["bytes_sent"] = optimizer.bytes_sent
+        for key in ("averages", "bytes_sent", "drift"):
+            if key in history.history:
+                result[f"history_{key}"] = np.array(history.history[key])
         if adaptive is not None:
             decision = optimizer.interval_decision
             result["decision"] = np.array(
