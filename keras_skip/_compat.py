@@ -77,6 +77,15 @@ def apply_keras_fixes() -> list[str]:
       Placeholder", keras-team/keras#19246). The patch runs the same loop
       without that redundant ``tf.cond`` (``unrolled_steps_per_execution`` is
       not used on this path).
+    - ``loss_scale_agreement``: ``LossScaleOptimizer`` (what Keras wraps every
+      optimizer in under the ``mixed_float16`` policy) decides whether a step's
+      gradients are finite from replica 0's alone, "since grads is
+      all-reduced". Local steps are not all-reduced: a replica with an
+      overflow would apply it, and workers could disagree on whether to step,
+      so one would wait in an average the others skip. When the
+      ``LossScaleOptimizer`` wraps a ``SkipCorrectionOptimizer`` the patch
+      all-reduces the verdict (one float per step) so that every replica
+      skips the step if any overflowed; otherwise it is Keras' check.
 
     Idempotent; ``import keras_skip.optimizer`` applies it. Returns the names of
     the patches in force.
@@ -89,10 +98,17 @@ def apply_keras_fixes() -> list[str]:
         )
         _ORIGINALS["reduce_per_replica"] = trainer.reduce_per_replica
         _ORIGINALS["_make_function"] = trainer.TensorFlowTrainer._make_function
+        _ORIGINALS["check_finite"] = keras.optimizers.LossScaleOptimizer.check_finite
         trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
         trainer.reduce_per_replica = _reduce_per_replica
         trainer.TensorFlowTrainer._make_function = _make_function
-    return ["symbolic_build", "scalar_logs", "steps_per_execution"]
+        keras.optimizers.LossScaleOptimizer.check_finite = _check_finite
+    return [
+        "symbolic_build",
+        "scalar_logs",
+        "steps_per_execution",
+        "loss_scale_agreement",
+    ]
 
 
 @contextlib.contextmanager
@@ -107,6 +123,7 @@ def keras_fixes_removed():
         ]
         trainer.reduce_per_replica = _ORIGINALS["reduce_per_replica"]
         trainer.TensorFlowTrainer._make_function = _ORIGINALS["_make_function"]
+        keras.optimizers.LossScaleOptimizer.check_finite = _ORIGINALS["check_finite"]
     try:
         yield
     finally:
@@ -114,6 +131,20 @@ def keras_fixes_removed():
             trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
             trainer.reduce_per_replica = _reduce_per_replica
             trainer.TensorFlowTrainer._make_function = _make_function
+            keras.optimizers.LossScaleOptimizer.check_finite = _check_finite
+
+
+def _check_finite(self, grads):
+    finite = _ORIGINALS["check_finite"](self, grads)
+    if not getattr(self.inner_optimizer, "takes_local_steps", False):
+        return finite
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return finite
+    overflowed = context.all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32)
+    )
+    return tf.equal(overflowed, 0.0)
 
 
 def is_multi_worker(strategy) -> bool:

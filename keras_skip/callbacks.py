@@ -16,6 +16,14 @@ from keras_skip import _checks, _version, adaptive, multi_worker
 from keras_skip.optimizer import SkipCorrectionOptimizer
 
 
+def _skip_optimizer(optimizer):
+    """The SkipCorrectionOptimizer, also inside the LossScaleOptimizer Keras
+    wraps it in under the mixed_float16 policy."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
 class SkipCorrectionCallback(keras.callbacks.Callback):
     """Keeps `fit` consistent with a `SkipCorrectionOptimizer`.
 
@@ -67,7 +75,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
 
     @property
     def optimizer(self) -> SkipCorrectionOptimizer:
-        optimizer = getattr(self.model, "optimizer", None)
+        optimizer = _skip_optimizer(getattr(self.model, "optimizer", None))
         if not isinstance(optimizer, SkipCorrectionOptimizer):
             raise ValueError(
                 f"{type(self).__name__} needs a model compiled with a "
@@ -91,6 +99,8 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                 "optimizer_state": optimizer.optimizer_state,
                 "warmup_steps": optimizer.warmup_steps,
                 "measure_drift": optimizer.measure_drift,
+                "compression": optimizer.compression,
+                "outer optimizer": type(optimizer.outer_optimizer).__name__,
                 "steps_per_execution": self.model.steps_per_execution,
                 "trainable parameters": sum(
                     int(np.prod(v.shape)) for v in self.model.trainable_variables
@@ -105,7 +115,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
 
     def on_test_begin(self, logs=None):
         # Also reached from a standalone `evaluate(callbacks=[this])`.
-        optimizer = getattr(self.model, "optimizer", None)
+        optimizer = _skip_optimizer(getattr(self.model, "optimizer", None))
         if isinstance(optimizer, SkipCorrectionOptimizer):
             optimizer.average()
 

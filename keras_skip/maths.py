@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 OPTIMIZER_STATE_POLICIES = ("local", "average", "reset")
+COMPRESSIONS = ("bfloat16", "float16")
 
 
 # ---------------------------------------------------------------------------
@@ -146,14 +147,53 @@ def outer_step(
     return x_start + displacement, slots
 
 
-def drift(x: np.ndarray) -> float:
+def quantize(x, dtype: str) -> np.ndarray:
+    """``x`` rounded to float32, then to ``dtype`` ("bfloat16" or "float16")
+    to nearest with ties to even, as a float64 array: what a payload cast to
+    that type carries."""
+    x32 = np.asarray(x, np.float32)
+    if dtype == "float16":
+        return x32.astype(np.float16).astype(np.float64)
+    if dtype != "bfloat16":
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {COMPRESSIONS}")
+    bits = x32.view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def compress_with_feedback(
+    update: np.ndarray, error: np.ndarray, dtype: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Error feedback: sends ``update + error`` rounded to ``dtype`` and keeps
+    what the rounding lost for the next payload. Returns ``(sent, error)``;
+    ``sent + error == update + old error``, so over many rounds the sum of
+    what was sent trails the sum of the updates by the last error only."""
+    corrected = np.asarray(update, np.float64) + error
+    sent = quantize(corrected, dtype)
+    return sent, corrected - sent
+
+
+def wire_mean(sent: np.ndarray, dtype: str) -> np.ndarray:
+    """The mean over replicas (axis 0) of values in the wire type, computed in
+    that type as an all-reduce does: a running sum rounded after each
+    addition, then the division, rounded. Keeps the replica axis (size 1)."""
+    total = sent[0]
+    for value in sent[1:]:
+        total = quantize(total + value, dtype)
+    return quantize(total / len(sent), dtype)[None]
+
+
+def drift(x: np.ndarray, x_bar: np.ndarray | None = None) -> float:
     """The replicas' drift ``mean_i ||x_i - x_bar||``, measured at an average.
 
     ``x`` has the replica axis first; the norm runs over all other axes (the
-    whole model as one vector). 0 when the replicas agree.
+    whole model as one vector). ``x_bar`` is the average the replicas
+    received (default: the exact mean). 0 when the replicas agree.
     """
     x = np.asarray(x, np.float64)
-    deviation = (x - x.mean(axis=0, keepdims=True)).reshape(len(x), -1)
+    if x_bar is None:
+        x_bar = x.mean(axis=0, keepdims=True)
+    deviation = (x - x_bar).reshape(len(x), -1)
     return float(np.linalg.norm(deviation, axis=1).mean())
 
 
@@ -256,6 +296,7 @@ def simulate(
     x_init: np.ndarray | None = None,
     outer: InnerOptimizer | None = None,
     outer_learning_rate: float = 1.0,
+    compression: str | None = None,
 ) -> SimulationResult:
     """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
 
@@ -280,6 +321,11 @@ def simulate(
         outer: An outer optimizer applied at every average (see
             :func:`outer_step`), or None.
         outer_learning_rate: Its learning rate.
+        compression: None, or "bfloat16" / "float16": an average sends each
+            replica's update since the period began, ``x_i - x_start``, in
+            that type with error feedback (:func:`compress_with_feedback`),
+            and the mean is computed in that type (:func:`wire_mean`). The
+            correction uses what each replica sent.
 
     Returns:
         A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
@@ -307,12 +353,23 @@ def simulate(
     x_start = x.copy()
     outer_slots = outer.init(x_start) if outer else ()
     outer_steps = 0
+    errors = np.zeros_like(x)  # what compression has not sent yet
 
     def do_average(include_slots=False):
         nonlocal x, c, slots, gamma, local, slots_apart, outer_slots, outer_steps
-        if n > 1:
+        nonlocal errors
+        if n > 1 and compression:
+            base = x_start if local else x  # replicas agree when nothing moved
+            sent, errors = compress_with_feedback(x - base, errors, compression)
+            x_bar = base[:1] + wire_mean(sent, compression)
+            drifts.append(drift(x, x_bar))
+            if gamma > 0 and correction:
+                c = c + correction * (x_bar - (base + sent)) / gamma
+            x = np.broadcast_to(x_bar, x.shape).copy()
+        elif n > 1:
             drifts.append(drift(x))
             x, c = average(x, c, gamma, correction)
+        if n > 1:
             if optimizer_state == "average" or include_slots:
                 slots = tuple(_replicate_mean(s) for s in slots)
                 slots_apart = False

@@ -152,6 +152,8 @@ def check_same_configuration(
 
 
 def _encode(value) -> float:
+    if value is None:
+        value = "None"
     if isinstance(value, str):
         return float(zlib.crc32(value.encode()))
     return float(value)
@@ -159,6 +161,8 @@ def _encode(value) -> float:
 
 def _describe(local_value, encoded: float) -> str:
     """A worker's value as this worker can tell it (strings travel as checksums)."""
+    if local_value is None:
+        local_value = "None"
     if isinstance(local_value, str):
         return (
             repr(local_value)

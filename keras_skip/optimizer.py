@@ -79,6 +79,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             nesterov=True)`. Its state (momentum) is identical on every
             replica and saved with the rest. None: the average is the new
             weights. A new, unbuilt instance, like `inner_optimizer`.
+        compression: None (default), "bfloat16" or "float16". Send each
+            average's weights as the replica's update since the period
+            began, `x_i - x_start`, in that 16-bit type (half the bytes),
+            with error feedback: what rounding lost is kept per replica and
+            added to the next average's update. BatchNorm statistics and
+            averaged slots are sent in float32.
         measure_drift: Bool, default False. Measure the drift
             `mean_i ||x_i - x_bar||` (trainable weights, all replicas) at
             every average, for the training logs and TensorBoard; it costs
@@ -114,6 +120,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         optimizer_state: str = "local",
         warmup_steps: int = 0,
         outer_optimizer: keras.optimizers.Optimizer | None = None,
+        compression: str | None = None,
         measure_drift: bool = False,
         name: str | None = None,
         **kwargs,
@@ -152,6 +159,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._optimizer_state = optimizer_state
         self._warmup_steps = warmup_steps
         self._measure_drift = _checks.boolean("measure_drift", measure_drift)
+        if compression is not None and compression not in maths.COMPRESSIONS:
+            raise ValueError(
+                "`compression` must be None, "
+                f"{' or '.join(repr(c) for c in maths.COMPRESSIONS)}. "
+                f"Received: compression={compression!r}"
+            )
+        self._compression = compression
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
         self._attached = False
@@ -190,6 +204,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def warmup_steps(self) -> int:
         """Number of initial synchronous steps."""
         return self._warmup_steps
+
+    #: Replicas step on their own gradients between averages (read by the
+    #: loss-scale patch in `_compat`).
+    takes_local_steps = True
+
+    @property
+    def compression(self) -> str | None:
+        """The 16-bit type averages send the weights' updates in, or None."""
+        return self._compression
 
     @property
     def measure_drift(self) -> bool:
@@ -312,8 +335,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.build(var_list)
         if self.outer_optimizer is not None:
             self.outer_optimizer.build(var_list)
-            # The weights when the current period began (see _anchor).
+        if self.outer_optimizer is not None or self._compression:
+            # The weights when the current period began (identical on all
+            # replicas; see _record_period_start).
             self._starts = self.add_optimizer_variables(var_list, "period_start")
+        if self._compression:
+            # Per replica: what rounding to the wire type has not sent yet.
+            self._errors = self.add_optimizer_variables(var_list, "unsent")
         self._interval_variable = self.add_variable(
             (),
             initializer=keras.initializers.Constant(self._initial_interval),
@@ -353,6 +381,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # tf.train.Checkpoint saves replica 0's copy of a mirrored variable;
         # a child of each per-replica variable carries every replica's copy.
         per_replica = {id(c.value): c for c in self._corrections if c is not None}
+        if self._compression:
+            per_replica.update({id(e.value): e for e in self._errors})
         per_replica.update(
             {id(_tf_variable(v)): v for v in self.inner_optimizer.variables}
         )
@@ -445,7 +475,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         probing = probe_steps > 0
 
         def local_step():
-            if self.outer_optimizer is not None:
+            if self.outer_optimizer is not None or self._compression:
                 self._record_period_start(distribution, variables)
             updates = []
             for g, v in zip(local_grads, variables, strict=True):
@@ -573,26 +603,31 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 slots if include_slots or self._optimizer_state == "average" else []
             )
             payload = weights + self._model_state + averaged_slots
-            per_replica = extended.call_for_each_replica(
-                lambda: [tf.identity(v) for v in payload]
-            )
-            means = extended.batch_reduce_to(
-                tf.distribute.ReduceOp.MEAN,
-                list(zip(per_replica, payload, strict=True)),
-            )
-            self._bytes.value.assign_add(_bytes(payload))
-            if self._measure_drift:
-                self._record_drift(distribution, weights, means[: len(weights)])
             scale = tf.math.divide_no_nan(
                 tf.constant(self._correction, tf.float32), self._gamma.value
             )
-            for v, mean, c in zip(weights, means, self._corrections, strict=False):
-                extended.update(
-                    v,
-                    _assign_with_correction,
-                    args=(mean, _tf_variable(c), scale),
-                    group=False,
+            if self._compression:
+                means = self._compressed_average(
+                    distribution, weights, payload[len(weights) :], scale
                 )
+            else:
+                per_replica = extended.call_for_each_replica(
+                    lambda: [tf.identity(v) for v in payload]
+                )
+                means = extended.batch_reduce_to(
+                    tf.distribute.ReduceOp.MEAN,
+                    list(zip(per_replica, payload, strict=True)),
+                )
+                self._bytes.value.assign_add(_bytes(payload))
+                if self._measure_drift:
+                    self._record_drift(distribution, weights, means[: len(weights)])
+                for v, mean, c in zip(weights, means, self._corrections, strict=False):
+                    extended.update(
+                        v,
+                        _assign_with_correction,
+                        args=(mean, _tf_variable(c), scale),
+                        group=False,
+                    )
             for v, mean in zip(
                 payload[len(weights) :], means[len(weights) :], strict=True
             ):
@@ -608,6 +643,61 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._local_steps.value.assign(0)
         self._averages.value.assign_add(1)
         return tf.constant(True)
+
+    def _compressed_average(self, distribution, weights, rest, scale):
+        """The average with `compression`: sends the weights' updates since
+        the period began in the wire type, with error feedback, and assigns
+        the weights and corrections. Returns the means, the weights' first."""
+        extended = distribution.extended
+        wire = tf.as_dtype(self._compression)
+        moved = self._local_steps.value > 0
+        starts = [
+            _tf_variable(self._starts[self._get_variable_index(v)]) for v in weights
+        ]
+        errors = [
+            _tf_variable(self._errors[self._get_variable_index(v)]) for v in weights
+        ]
+
+        def payload():
+            sent = []
+            for v, start, error in zip(weights, starts, errors, strict=True):
+                base = tf.where(moved, start.read_value(), v.read_value())
+                sent.append(tf.cast(v.read_value() - base + error.read_value(), wire))
+            return sent + [tf.identity(v) for v in rest]
+
+        per_replica = extended.call_for_each_replica(payload)
+        # One batch per type: a batch may be packed into one tensor.
+        means = []
+        for part in (slice(0, len(weights)), slice(len(weights), None)):
+            if per_replica[part]:
+                means += extended.batch_reduce_to(
+                    tf.distribute.ReduceOp.MEAN,
+                    list(zip(per_replica[part], (weights + rest)[part], strict=True)),
+                )
+        self._bytes.value.assign_add(
+            sum(v.shape.num_elements() * wire.size for v in weights) + _bytes(rest)
+        )
+        if self._measure_drift:
+            self._record_drift(
+                distribution, weights, means[: len(weights)], starts, moved
+            )
+        for i, v in enumerate(weights):
+            c = self._corrections[self._get_variable_index(v)]
+            extended.update(
+                v,
+                _assign_compressed,
+                args=(
+                    means[i],
+                    per_replica[i],
+                    starts[i],
+                    errors[i],
+                    _tf_variable(c),
+                    scale,
+                    moved,
+                ),
+                group=False,
+            )
+        return means
 
     def _record_period_start(self, distribution, variables):
         """Keeps the weights at the first local step of a period (identical
@@ -640,14 +730,19 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
         return tf.cond(self._local_steps.value > 0, step, lambda: tf.constant(False))
 
-    def _record_drift(self, distribution, weights, means):
-        """Records ``mean_i ||x_i - x_bar||`` before the weights are overwritten."""
+    def _record_drift(self, distribution, weights, means, starts=None, moved=None):
+        """Records ``mean_i ||x_i - x_bar||`` before the weights are overwritten
+        (with compression, ``means`` are the updates' and ``x_bar`` is
+        ``base + mean``, as in `_assign_compressed`)."""
 
         def own_drift(means):
-            squares = [
-                tf.reduce_sum(tf.square(tf.cast(v.read_value() - m, tf.float64)))
-                for v, m in zip(weights, means, strict=True)
-            ]
+            squares = []
+            for i, (v, m) in enumerate(zip(weights, means, strict=True)):
+                x = v.read_value()
+                if starts is not None:
+                    base = tf.where(moved, starts[i].read_value(), x)
+                    m = base + tf.cast(m, x.dtype)
+                squares.append(tf.reduce_sum(tf.square(tf.cast(x - m, tf.float64))))
             return tf.sqrt(tf.add_n(squares))
 
         drift = distribution.extended.call_for_each_replica(own_drift, args=(means,))
@@ -714,6 +809,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """``(index in self.variables, tf variable, is_correction)`` for the
         state that differs between replicas: corrections and float slots."""
         corrections = {id(c.value) for c in self._corrections if c is not None}
+        if self._compression:  # restart from zero on another replica count too
+            corrections |= {id(e.value) for e in self._errors}
         per_replica = corrections | {id(v) for v in self._slot_variables()}
         state = []
         for i, v in enumerate(self.variables):
@@ -776,6 +873,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             "optimizer_state": self._optimizer_state,
             "warmup_steps": self._warmup_steps,
             "measure_drift": self._measure_drift,
+            "compression": self._compression,
             "outer_optimizer": (
                 None
                 if self.outer_optimizer is None
@@ -860,6 +958,20 @@ def _assign_with_correction(variable, mean, correction, scale):
     return variable.assign(mean)
 
 
+def _assign_compressed(variable, mean, sent, start, error, correction, scale, moved):
+    base = tf.where(moved, start.read_value(), variable.read_value())
+    update = variable - base + error
+    sent = tf.cast(sent, variable.dtype)
+    error.assign(update - sent)
+    average = base + tf.cast(mean, variable.dtype)
+    if correction is not None:
+        # What this replica sent, not its exact weights: corrections sum to 0.
+        correction.assign_add(
+            (average - (base + sent)) * tf.cast(scale, variable.dtype)
+        )
+    return variable.assign(average)
+
+
 def _check_correction(value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
@@ -886,6 +998,15 @@ def _check_wrapped_optimizer(inner, label: str = "inner_optimizer") -> None:
             f"`{label}` must be a keras.optimizers.Optimizer instance, "
             f"such as keras.optimizers.SGD(0.01). Received: {label}="
             f"{inner!r} of type {type(inner).__name__}"
+        )
+    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        raise TypeError(
+            f"`{label}` must not be a LossScaleOptimizer. Pass the plain "
+            "optimizer: under the mixed_float16 policy, `model.compile` wraps "
+            "the SkipCorrectionOptimizer in a LossScaleOptimizer itself, which "
+            "keras-skip supports (or wrap it yourself: "
+            "`keras.optimizers.LossScaleOptimizer(SkipCorrectionOptimizer(...))`)."
+            f" Received: {label}={inner!r}"
         )
     if type(inner).update_step is keras.optimizers.Optimizer.update_step:
         raise TypeError(
@@ -938,7 +1059,7 @@ def _reject_base_arguments(kwargs) -> None:
             "SkipCorrectionOptimizer got unexpected arguments: "
             f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
             "correction, optimizer_state, warmup_steps, outer_optimizer, "
-            "measure_drift, name."
+            "compression, measure_drift, name."
         )
 
 

@@ -91,4 +91,3 @@ def test_overhead_benchmark_runs_and_reports_every_strategy(capsys):
     table = overhead.format_table(rows)
     assert "x ours" in table and "of its training time choosing" in table
     assert "of which tracing" in table and "in trials" in table
-

@@ -146,6 +146,48 @@ def test_outer_optimizer_on_two_workers_equals_two_mirrored_replicas(tmp_path):
 
 
 @pytest.mark.slow
+def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
+    # 256 samples / (2 x 8) = 16 steps per epoch; worker 1 overflows at step 5.
+    config = dict(
+        interval=4,
+        epochs=1,
+        policy="mixed_float16",
+        overflow_step=-1,  # the layer on every worker, never armed
+        workers={"1": {"overflow_step": 5}},
+    )
+    result = run_workers(tmp_path, 2, **config)
+    assert result.ok, result.failure_report()  # nobody waited in a lone average
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    assert np.isfinite(results[0]["weights"]).all()
+    # The same run without the injected overflow takes one step more (the
+    # first steps may overflow on their own while the loss scale settles).
+    clean_dir = tmp_path / "clean"
+    clean_dir.mkdir()
+    clean = run_workers(clean_dir, 2, **{**config, "workers": {}})
+    assert clean.ok, clean.failure_report()
+    steps = outputs(clean_dir, 2)[0]["iterations"]
+    assert [r["iterations"] for r in results] == [steps - 1, steps - 1]
+
+
+@pytest.mark.slow
+def test_compressed_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path):
+    config = dict(interval=3, momentum=0.5, epochs=2, compression="bfloat16")
+    result = run_workers(tmp_path, 2, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    weights, corrections = mirrored_reference(2, **config)
+    exact, _ = mirrored_reference(2, **{**config, "compression": None})
+    assert np.abs(weights - exact).max() > 1e-5  # compression shows
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+    for i in range(2):
+        np.testing.assert_allclose(
+            results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
+        )
+
+
+@pytest.mark.slow
 def test_plain_optimizer_tf_data_and_steps_per_execution(tmp_path):
     config = dict(
         mode="stock", dataset=True, steps_per_execution=3, validation=True, epochs=2

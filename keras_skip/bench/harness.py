@@ -63,9 +63,19 @@ def _momentum(text: str) -> float:
     return value
 
 
-ALL_METHODS = ("sync", "local", "skip", "adaptive", "adacomm", "nocomm", "outer")
-#: What runs without --methods: "outer" (an option under evaluation) is opt-in.
-DEFAULT_METHODS = ALL_METHODS[:-1]
+ALL_METHODS = (
+    "sync",
+    "local",
+    "skip",
+    "adaptive",
+    "adacomm",
+    "nocomm",
+    "outer",
+    "compress",
+    "outer-compress",
+)
+#: What runs without --methods: the options of issue-free defaults are opt-in.
+DEFAULT_METHODS = ALL_METHODS[:6]
 
 
 @dataclasses.dataclass
@@ -148,13 +158,17 @@ def method_plan(args) -> list[tuple[str, str, dict]]:
                 )
         elif method == "adacomm":
             plan.append(("adacomm", "AdaComm-style local SGD", {"method": "adacomm"}))
-        elif method == "outer":
+        elif method in ("outer", "compress", "outer-compress"):
+            parts = []
+            if "outer" in method:
+                parts.append(f"Nesterov outer {args.outer_learning_rate:g}")
+            if "compress" in method:
+                parts.append(f"{args.compression} averages")
             plan.append(
                 (
-                    "outer",
-                    f"skip+correction, Nesterov outer {args.outer_learning_rate:g} "
-                    f"(interval {args.interval})",
-                    {"method": "outer"},
+                    method,
+                    f"skip+correction, {', '.join(parts)} (interval {args.interval})",
+                    {"method": method},
                 )
             )
         elif method == "nocomm":
@@ -458,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="learning rate of method outer's Nesterov SGD outer optimizer",
     )
     parser.add_argument(
+        "--compression",
+        choices=("bfloat16", "float16"),
+        default="bfloat16",
+        help="wire type of methods compress and outer-compress",
+    )
+    parser.add_argument(
         "--outer-momentum",
         type=_momentum,
         default=0.9,
@@ -524,6 +544,7 @@ def run(args, print_fn=print) -> dict:
         "measure_drift": args.measure_drift,
         "outer_learning_rate": args.outer_learning_rate,
         "outer_momentum": args.outer_momentum,
+        "compression": args.compression,
     }
     emulate = emulation_possible(args.bandwidth, print_fn)
 

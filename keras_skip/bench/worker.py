@@ -16,7 +16,8 @@ import sys
 import time
 
 DEFAULTS = {
-    "method": "skip",  # sync, local, skip, adaptive, adacomm, nocomm, outer
+    # sync, local, skip, adaptive, adacomm, nocomm, outer, compress, outer-compress
+    "method": "skip",
     "workload": "mlp",  # mlp, mlp-noniid, cnn
     "hidden": [1024, 1024],
     "epochs": 12,
@@ -28,6 +29,7 @@ DEFAULTS = {
     "measure_drift": False,
     "outer_learning_rate": 0.7,
     "outer_momentum": 0.9,
+    "compression": "bfloat16",
     "stop_at": None,  # stop once validation accuracy reaches this
     "seed": 0,
     "peer_timeout": 60.0,
@@ -82,7 +84,7 @@ def build(config, strategy):
             interval = NEVER if method == "nocomm" else config["interval"]
             correction = 0.0 if method in ("local", "adacomm", "nocomm") else 1.0
             outer = None
-            if method == "outer":
+            if "outer" in method:
                 outer = keras.optimizers.SGD(
                     config["outer_learning_rate"],
                     momentum=config["outer_momentum"],
@@ -93,6 +95,7 @@ def build(config, strategy):
                 interval=interval,
                 correction=correction,
                 outer_optimizer=outer,
+                compression=config["compression"] if "compress" in method else None,
                 measure_drift=config["measure_drift"],
             )
         model.compile(
@@ -101,7 +104,7 @@ def build(config, strategy):
             metrics=["accuracy"],
         )
     callbacks = []
-    if method in ("local", "skip", "outer"):
+    if method in ("local", "skip", "outer", "compress", "outer-compress"):
         callbacks.append(keras_skip.SkipCorrectionCallback())
     elif method == "adaptive":
         callbacks.append(

@@ -19,6 +19,9 @@ DEFAULTS = {
     "adaptive": False,
     "measure_drift": False,
     "outer": None,  # [learning_rate, momentum] of a Nesterov SGD outer optimizer
+    "policy": None,  # a keras.mixed_precision policy, such as "mixed_float16"
+    "compression": None,
+    "overflow_step": None,  # this worker's activations are inf at this step
     "momentum": 0.0,
     "epochs": 2,
     "samples": 256,
@@ -47,24 +50,51 @@ def make_data(config):
     return x, y
 
 
+ARMED = [False]  # set by a callback at config["overflow_step"]
+
+
+def overflow_layer():
+    """Multiplies the activations by inf while ARMED (on this worker only)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def factor():
+        return np.float32(np.inf if ARMED[0] else 1.0)
+
+    def scale(x):
+        value = tf.numpy_function(factor, [], tf.float32)
+        value.set_shape(())
+        return x * tf.cast(value, x.dtype)
+
+    return keras.layers.Lambda(scale)
+
+
 def build_model(config, strategy):
     """The model, compiled under `strategy`, with seeded initial weights."""
     import keras
 
+    if config["policy"]:
+        keras.mixed_precision.set_global_policy(config["policy"])
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((6,)),
-                keras.layers.Dense(
-                    16,
-                    activation="tanh",
-                    kernel_initializer=keras.initializers.GlorotUniform(1),
-                ),
-                keras.layers.Dense(
-                    1, kernel_initializer=keras.initializers.GlorotUniform(2)
-                ),
-            ]
+        layers = [
+            keras.Input((6,)),
+            keras.layers.Dense(
+                16,
+                activation="tanh",
+                kernel_initializer=keras.initializers.GlorotUniform(1),
+            ),
+        ]
+        if config["overflow_step"] is not None:
+            layers.append(overflow_layer())
+        layers.append(
+            keras.layers.Dense(
+                1,
+                kernel_initializer=keras.initializers.GlorotUniform(2),
+                dtype="float32",
+            )
         )
+        model = keras.Sequential(layers)
         inner = keras.optimizers.SGD(0.05, momentum=config["momentum"])
         if config["mode"] == "skip":
             import keras_skip
@@ -79,6 +109,7 @@ def build_model(config, strategy):
                 correction=config["correction"],
                 measure_drift=config["measure_drift"],
                 outer_optimizer=outer,
+                compression=config["compression"],
             )
         else:
             optimizer = inner
@@ -117,6 +148,9 @@ def main():
     global_batch = config["batch_per_replica"] * strategy.num_replicas_in_sync
     model = build_model(config, strategy)
     optimizer = model.optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer  # the mixed_float16 policy
+
     if config["set_interval"]:
         # Variables start from worker 0's values (MultiWorkerMirroredStrategy
         # broadcasts them), so only a change after building differs. Every
@@ -137,11 +171,16 @@ def main():
             super().__init__()
             self.after_averages = []  # (step, digest) right after each average
             self.first_step = None
+            self.seen = 0  # training batches begun
 
         def on_epoch_begin(self, epoch, logs=None):
             print(f"EPOCH {epoch} BEGIN", flush=True)
             if epoch == config["pause_epoch"]:
                 time.sleep(config["pause_seconds"])
+
+        def on_train_batch_begin(self, batch, logs=None):
+            ARMED[0] = self.seen == config["overflow_step"]
+            self.seen += 1
 
         def on_train_batch_end(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
