@@ -51,7 +51,6 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
 
     Example:
 
-
     ```python
     import keras
     import numpy as np
@@ -161,7 +160,6 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
     `t_comm`, one average of the exact payload an average sends; takes the
     maximum of each over all workers; and sets
 
-
         interval = clip(round(t_comm / (target_ratio * t_comp)), 1, max_interval)
 
     so that per epoch the time spent communicating is about `target_ratio`
@@ -175,11 +173,9 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
     With `steps_per_execution > 1` the probe times a whole execution of local
     steps and divides by its number of steps (an execution cut short by the
     end of an epoch takes no average and is probed again). The chosen
-    interval need not be
-
-    a multiple of `steps_per_execution`: averages happen inside the train
-    function every `interval` local steps, wherever the execution boundaries
-    fall.
+    interval need not be a multiple of `steps_per_execution`: averages happen
+    inside the train function every `interval` local steps, wherever the
+    execution boundaries fall.
 
     It includes everything `SkipCorrectionCallback` does; pass only this one.
 

@@ -50,6 +50,16 @@ def max_replica_spread(variables) -> float:
     return spread
 
 
+def quadratic_problem(seed, n, dim=3):
+    """``grad_fn`` for `maths.simulate`: replica i minimises its own noisy,
+    scaled quadratic around its own target, so replicas drift apart."""
+    rng = np.random.default_rng(seed)
+    targets = rng.normal(size=(n, dim))
+    scales = rng.uniform(0.5, 2.0, size=(n, dim))
+    noise = rng.normal(size=(64, n, dim)) * 0.1
+    return lambda t, x: scales * (x - targets) + noise[t % 64]
+
+
 @pytest.fixture
 def strategy4():
     return mirrored(4)

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import components, max_replica_spread, mirrored
+from conftest import components, max_replica_spread, mirrored, quadratic_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -53,13 +53,6 @@ def test_error_feedback_sends_the_true_sum_but_for_the_last_error(updates, dtype
         assert np.all(np.abs(error) <= np.abs(corrected) * half_ulp + 2.0**-24)
         sent_total += sent
     np.testing.assert_allclose(sent_total + error, updates.sum(axis=0), atol=1e-9)
-
-
-def quadratic_problem(seed, n, dim=3):
-    rng = np.random.default_rng(seed)
-    targets = rng.normal(size=(n, dim))
-    noise = rng.normal(size=(64, n, dim)) * 0.1
-    return lambda t, x: x - targets + noise[t % 64]
 
 
 @settings(max_examples=30, deadline=None)

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import components, mirrored
+from conftest import components, mirrored, quadratic_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_against_reference import (
@@ -27,14 +27,6 @@ def nesterov():
 
 
 # The reference ------------------------------------------------------------------
-
-
-def quadratic_problem(seed, n, dim=3):
-    rng = np.random.default_rng(seed)
-    targets = rng.normal(size=(n, dim))
-    scales = rng.uniform(0.5, 2.0, size=(n, dim))
-    noise = rng.normal(size=(64, n, dim)) * 0.1
-    return lambda t, x: scales * (x - targets) + noise[t % 64]
 
 
 @settings(max_examples=40, deadline=None)
