@@ -161,6 +161,9 @@ def test_interrupting_the_benchmark_removes_workers_and_namespaces(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C as in a terminal, also when the suite itself runs in the
+        # background (where the shell starts it with SIGINT ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     seen = ""

@@ -51,6 +51,7 @@ def test_fixed_keras_runs_steps_per_execution_with_stock_optimizers():
         "symbolic_build",
         "scalar_logs",
         "steps_per_execution",
+        "loss_scale_agreement",
     ]
     x = np.random.default_rng(0).random((70, 3)).astype("float32")
     model = _stock_model(mirrored(2), steps_per_execution=3)

@@ -99,7 +99,9 @@ def test_wrapper_cannot_wrap_itself():
 
 def test_loss_scale_optimizer_inside_is_rejected():
     with pytest.raises(
-        TypeError, match=r"must implement `update_step`.*LossScaleOptimizer"
+        TypeError,
+        match=r"`inner_optimizer` must not be a LossScaleOptimizer\. Pass the plain "
+        r"optimizer: under the mixed_float16 policy.*Received: inner_optimizer=",
     ):
         SkipCorrectionOptimizer(keras.optimizers.LossScaleOptimizer(sgd()))
 

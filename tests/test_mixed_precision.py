@@ -176,9 +176,3 @@ def test_mixed_bfloat16_trains_close_to_float32(policy):
     )
     for w, r in zip(model.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(w, r, atol=0.02)
-
-
-def test_a_loss_scale_optimizer_inside_is_a_clear_error():
-    inner = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-    with pytest.raises(TypeError, match=r"must not be a LossScaleOptimizer.*"):
-        keras_skip.SkipCorrectionOptimizer(inner)
