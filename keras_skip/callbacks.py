@@ -99,6 +99,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                 "warmup_steps": optimizer.warmup_steps,
                 "measure_drift": optimizer.measure_drift,
                 "compression": optimizer.compression,
+                "group_size": optimizer.group_size,
                 "outer optimizer": type(optimizer.outer_optimizer).__name__,
                 "steps_per_execution": self.model.steps_per_execution,
                 "trainable parameters": sum(

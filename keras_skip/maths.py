@@ -297,6 +297,7 @@ def simulate(
     outer: InnerOptimizer | None = None,
     outer_learning_rate: float = 1.0,
     compression: str | None = None,
+    group_size: int = 1,
 ) -> SimulationResult:
     """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
 
@@ -326,12 +327,19 @@ def simulate(
             that type with error feedback (:func:`compress_with_feedback`),
             and the mean is computed in that type (:func:`wire_mean`). The
             correction uses what each replica sent.
+        group_size: Hierarchical averaging: consecutive groups of this many
+            replicas average their gradients at every local step (see
+            :func:`group_mean`), so a group moves as one replica with its
+            members' mini-batches; groups skip and average as replicas do.
+            Must divide ``n``; 1 is the plain algorithm.
 
     Returns:
         A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
     """
     if optimizer_state not in OPTIMIZER_STATE_POLICIES:
         raise ValueError(f"unknown optimizer_state {optimizer_state!r}")
+    if group_size < 1 or n % group_size:
+        raise ValueError(f"group_size {group_size} does not divide n={n}")
     inner = inner or sgd()
     lr_fn = learning_rate if callable(learning_rate) else (lambda t: learning_rate)
     interval_fn = interval if callable(interval) else (lambda t: interval)
@@ -396,6 +404,8 @@ def simulate(
         else:
             if not local:
                 x_start = x.copy()
+            if group_size > 1:
+                g = group_mean(g, group_size)
             displacement, slots = inner.step(g, x, slots, lr, t)
             x = local_step(x, displacement, c if n > 1 else 0.0, lr)
             gamma += lr
@@ -419,6 +429,13 @@ def simulate(
         history,
         drifts,
     )
+
+
+def group_mean(a: np.ndarray, group_size: int) -> np.ndarray:
+    """Replaces each replica's row of ``a`` by the mean over its group:
+    consecutive groups of ``group_size`` replicas (hierarchical averaging)."""
+    groups = a.reshape(a.shape[0] // group_size, group_size, *a.shape[1:])
+    return np.repeat(groups.mean(axis=1), group_size, axis=0)
 
 
 def _replicate_mean(a: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.utils import tracking
+from tensorflow.python.distribute import values as _tf_values
 
 from keras_skip import _checks, _compat, _replica_state, maths
 
@@ -89,6 +90,18 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             `mean_i ||x_i - x_bar||` (trainable weights, all replicas) at
             every average, for the training logs and TensorBoard; it costs
             one extra all-reduce of one float per average.
+        group_size: None (default), an integer, or `"worker"`. Hierarchical
+            averaging: consecutive replicas form groups of this many that
+            stay synchronous at every step, averaging their gradients over
+            the fast link inside a machine, while the groups take local
+            steps and average every `interval` steps over the slow link
+            between machines. Each group moves as one replica with its
+            members' mini-batches and keeps one correction. `"worker"`: one
+            group per worker, made of its local devices (for example the
+            GPUs of a machine under `MultiWorkerMirroredStrategy`). An
+            integer must divide the number of replicas on each worker, so
+            that no group spans two machines. None or 1: every replica takes
+            its own local steps.
         name: Optional name of the optimizer.
 
     Example:
@@ -122,6 +135,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         outer_optimizer: keras.optimizers.Optimizer | None = None,
         compression: str | None = None,
         measure_drift: bool = False,
+        group_size: int | str | None = None,
         name: str | None = None,
         **kwargs,
     ):
@@ -166,6 +180,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 f"Received: compression={compression!r}"
             )
         self._compression = compression
+        if group_size is not None and group_size != "worker":
+            if isinstance(group_size, str):
+                raise ValueError(
+                    "`group_size` must be None, an integer >= 1 or "
+                    f"'worker'. Received: group_size={group_size!r}"
+                )
+            group_size = _checks.integer("group_size", group_size, minimum=1)
+        self._group_size = group_size
+        self._group = 1  # replicas per group, resolved when built
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
         self._attached = False
@@ -213,6 +236,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def compression(self) -> str | None:
         """The 16-bit type averages send the weights' updates in, or None."""
         return self._compression
+
+    @property
+    def group_size(self) -> int | str | None:
+        """Replicas per synchronous group (hierarchical averaging), as given."""
+        return self._group_size
 
     @property
     def measure_drift(self) -> bool:
@@ -331,6 +359,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     "variables, possibly by another model. Pass a new, unused "
                     "optimizer instance to SkipCorrectionOptimizer."
                 )
+        self._group = _replicas_per_group(self._group_size, strategy)
         super().build(var_list)
         self.inner_optimizer.build(var_list)
         if self.outer_optimizer is not None:
@@ -477,8 +506,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         def local_step():
             if self.outer_optimizer is not None or self._compression:
                 self._record_period_start(distribution, variables)
+            grads = local_grads
+            if self._group > 1:
+                grads = _group_means(distribution, local_grads, self._group)
             updates = []
-            for g, v in zip(local_grads, variables, strict=True):
+            for g, v in zip(grads, variables, strict=True):
                 c = self._corrections[self._get_variable_index(v)] if n > 1 else None
                 updates.append(
                     extended.update(
@@ -874,6 +906,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             "warmup_steps": self._warmup_steps,
             "measure_drift": self._measure_drift,
             "compression": self._compression,
+            "group_size": self._group_size,
             "outer_optimizer": (
                 None
                 if self.outer_optimizer is None
@@ -927,6 +960,52 @@ def _local_tensors(distribution, values) -> list:
         for local in distribution.experimental_local_results(value):
             tensors.extend(tf.nest.flatten(local))
     return tensors
+
+
+def _replicas_per_group(group_size, strategy) -> int:
+    """Resolves `group_size` against the replicas of this worker."""
+    if group_size is None:
+        return 1
+    try:
+        local = len(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy: one replica
+        local = 1
+    if group_size == "worker":
+        return local
+    if local % group_size:
+        raise ValueError(
+            "`group_size` must divide the number of replicas on each worker "
+            f"({local} here), so that no group spans two workers. "
+            f"Received: group_size={group_size!r}"
+        )
+    return group_size
+
+
+def _group_means(distribution, grads, group_size) -> list:
+    """Each replica's gradient replaced by the mean over its group (local
+    replicas in consecutive groups of `group_size`), for hierarchical
+    averaging. Every member gets the same tensor, so the group stays
+    identical."""
+    devices = distribution.extended.worker_devices
+    grouped = []
+    for g in grads:
+        parts = distribution.experimental_local_results(g)
+        means = []
+        for first in range(0, len(parts), group_size):
+            members = parts[first : first + group_size]
+            with tf.device(devices[first]):
+                if isinstance(members[0], tf.IndexedSlices):
+                    total = tf.IndexedSlices(
+                        tf.concat([m.values for m in members], 0),
+                        tf.concat([m.indices for m in members], 0),
+                        members[0].dense_shape,
+                    )
+                else:
+                    total = tf.add_n(members)
+                mean = _scale(total, 1.0 / group_size)
+            means.extend([mean] * group_size)
+        grouped.append(_tf_values.PerReplica(tuple(means)))
+    return grouped
 
 
 def _is_float(v) -> bool:

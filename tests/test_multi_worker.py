@@ -35,13 +35,21 @@ def outputs(tmp_path, n):
     return [dict(np.load(tmp_path / f"worker-{i}.npz")) for i in range(n)]
 
 
-def mirrored_reference(n, with_history=False, **overrides):
+def mirrored_reference(n, with_history=False, slots=None, **overrides):
     """The same training on n MirroredStrategy replicas of this process:
-    (weights, corrections), and the `History` dict if `with_history`."""
+    (weights, corrections), and the `History` dict if `with_history`.
+
+    `slots`: replica r trains on the rows a worker run gives to replica
+    `slots[r]` (by default r) of each global batch."""
     import keras_skip
 
     config = {**fit_worker.DEFAULTS, **overrides}
     x, y = fit_worker.make_data(config)
+    if slots is not None:
+        rows = config["batch_per_replica"]
+        order = np.arange(len(x)).reshape(-1, n, rows)[:, slots].ravel()
+        x, y = x[order], y[order]
+
     strategy = mirrored(n)
     model = fit_worker.build_model(config, strategy)
     callbacks = (

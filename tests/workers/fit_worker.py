@@ -21,6 +21,8 @@ DEFAULTS = {
     "outer": None,  # [learning_rate, momentum] of a Nesterov SGD outer optimizer
     "policy": None,  # a keras.mixed_precision policy, such as "mixed_float16"
     "compression": None,
+    "group_size": None,
+    "local_devices": 1,  # logical CPU devices (replicas) of each worker
     "overflow_step": None,  # this worker's activations are inf at this step
     "momentum": 0.0,
     "epochs": 2,
@@ -110,6 +112,7 @@ def build_model(config, strategy):
                 measure_drift=config["measure_drift"],
                 outer_optimizer=outer,
                 compression=config["compression"],
+                group_size=config["group_size"],
             )
         else:
             optimizer = inner
@@ -119,6 +122,28 @@ def build_model(config, strategy):
             steps_per_execution=config["steps_per_execution"],
         )
     return model
+
+
+def several_cpu_replicas(count):
+    """Gives this worker `count` replicas on logical CPU devices.
+
+    MultiWorkerMirroredStrategy takes every local GPU as a replica but only
+    one CPU; this stands in for a machine with `count` GPUs by handing it
+    `count` logical CPU devices instead (the collectives are the real ones).
+    """
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy as car
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * count
+    )
+
+    def local_devices(self, cluster_resolver, worker_device):
+        devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(count))
+        return devices, "CPU"
+
+    car.CollectiveAllReduceExtended._initialize_local_devices = local_devices
 
 
 def main():
@@ -131,6 +156,8 @@ def main():
     import numpy as np
     import tensorflow as tf
 
+    if config["local_devices"] > 1:
+        several_cpu_replicas(config["local_devices"])
     if config["mode"] == "unfixed":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
@@ -229,6 +256,15 @@ def main():
     if config["mode"] == "skip":
         corrections = [c for c in optimizer._corrections if c is not None]
         result["corrections"] = np.concatenate([c.numpy().ravel() for c in corrections])
+        # Every local replica's corrections, one row each.
+        local = [strategy.experimental_local_results(c.value) for c in corrections]
+        result["local_corrections"] = np.stack(
+            [
+                np.concatenate([np.ravel(copy) for copy in copies])
+                for copies in zip(*local, strict=True)
+            ]
+        )
+
         result["averages"] = optimizer.averages_performed
         result["bytes_sent"] = optimizer.bytes_sent
         for key in ("averages", "bytes_sent", "drift"):
