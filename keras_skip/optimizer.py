@@ -60,7 +60,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` to wrap (SGD, Adam,
             AdamW, ...). A new, unbuilt instance, created under the same
-            strategy scope as the model.
+            strategy scope as the model. A `keras.optimizers.LossScaleOptimizer`
+            is moved outside: `SkipCorrectionOptimizer(LossScaleOptimizer(opt),
+            ...)` returns `LossScaleOptimizer(SkipCorrectionOptimizer(opt, ...))`
+            with the same loss-scale settings, the order Keras itself uses
+            under `mixed_float16`.
         interval: Integer >= 1, default 8. Local steps between two averages.
             Can be changed between steps (`optimizer.interval = 16`) without
             retracing the train function.
@@ -124,6 +128,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     print(model.optimizer.averages_performed)
     ```
     """
+
+    def __new__(cls, inner_optimizer=None, *args, **kwargs):
+        if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+            return _loss_scaling_around(cls, inner_optimizer, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -1051,6 +1060,26 @@ def _assign_compressed(variable, mean, sent, start, error, correction, scale, mo
     return variable.assign(average)
 
 
+def _loss_scaling_around(cls, loss_scale, *args, **kwargs):
+    """`SkipCorrectionOptimizer(LossScaleOptimizer(opt), ...)` rebuilt as
+    `LossScaleOptimizer(SkipCorrectionOptimizer(opt, ...))`: the scaled
+    gradients must be unscaled, checked and agreed on before any step or
+    average, which is what the outer position does (see `_compat`)."""
+    if loss_scale.built:
+        raise ValueError(
+            "The LossScaleOptimizer passed as `inner_optimizer` has already "
+            "been built on variables. Pass a new, unused one (or the plain "
+            "optimizer)."
+        )
+    skip = cls(loss_scale.inner_optimizer, *args, **kwargs)
+    return keras.optimizers.LossScaleOptimizer(
+        skip,
+        initial_scale=loss_scale.initial_scale,
+        dynamic_growth_steps=loss_scale.dynamic_growth_steps,
+        name=loss_scale.name,
+    )
+
+
 def _check_correction(value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
@@ -1080,11 +1109,11 @@ def _check_wrapped_optimizer(inner, label: str = "inner_optimizer") -> None:
         )
     if isinstance(inner, keras.optimizers.LossScaleOptimizer):
         raise TypeError(
-            f"`{label}` must not be a LossScaleOptimizer. Pass the plain "
-            "optimizer: under the mixed_float16 policy, `model.compile` wraps "
-            "the SkipCorrectionOptimizer in a LossScaleOptimizer itself, which "
-            "keras-skip supports (or wrap it yourself: "
-            "`keras.optimizers.LossScaleOptimizer(SkipCorrectionOptimizer(...))`)."
+            f"`{label}` must not be a LossScaleOptimizer: loss scaling belongs "
+            "around the steps that use the scaled gradients. Pass the plain "
+            "optimizer, and wrap the SkipCorrectionOptimizer instead "
+            "(`keras.optimizers.LossScaleOptimizer(SkipCorrectionOptimizer(...))`"
+            ", which `model.compile` does itself under mixed_float16)."
             f" Received: {label}={inner!r}"
         )
     if type(inner).update_step is keras.optimizers.Optimizer.update_step:

@@ -97,13 +97,22 @@ def test_wrapper_cannot_wrap_itself():
         SkipCorrectionOptimizer(SkipCorrectionOptimizer(sgd()))
 
 
-def test_loss_scale_optimizer_inside_is_rejected():
+def test_loss_scale_optimizer_as_outer_optimizer_is_rejected():
     with pytest.raises(
         TypeError,
-        match=r"`inner_optimizer` must not be a LossScaleOptimizer\. Pass the plain "
-        r"optimizer: under the mixed_float16 policy.*Received: inner_optimizer=",
+        match=r"`outer_optimizer` must not be a LossScaleOptimizer: loss scaling "
+        r"belongs around.*Received: outer_optimizer=",
     ):
-        SkipCorrectionOptimizer(keras.optimizers.LossScaleOptimizer(sgd()))
+        SkipCorrectionOptimizer(
+            sgd(), outer_optimizer=keras.optimizers.LossScaleOptimizer(sgd())
+        )
+
+
+def test_built_loss_scale_optimizer_inside_is_rejected():
+    inner = keras.optimizers.LossScaleOptimizer(sgd())
+    inner.build([keras.Variable(1.0)])
+    with pytest.raises(ValueError, match="passed as `inner_optimizer` has already"):
+        SkipCorrectionOptimizer(inner)
 
 
 def test_gradient_accumulation_is_rejected():

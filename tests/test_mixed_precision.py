@@ -68,7 +68,7 @@ def data():
     return x, (x[:, :2] @ np.array([[2.0], [-1.0]])).astype("float32")
 
 
-def new_model(strategy, interval=3):
+def new_model(strategy, interval=3, loss_scale_inside=False):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential(
@@ -79,10 +79,11 @@ def new_model(strategy, interval=3):
                 keras.layers.Dense(1, dtype="float32"),
             ]
         )
+        inner = keras.optimizers.SGD(0.05, momentum=0.5)
+        if loss_scale_inside:
+            inner = keras.optimizers.LossScaleOptimizer(inner)
         model.compile(
-            optimizer=keras_skip.SkipCorrectionOptimizer(
-                keras.optimizers.SGD(0.05, momentum=0.5), interval=interval
-            ),
+            optimizer=keras_skip.SkipCorrectionOptimizer(inner, interval=interval),
             loss="mse",
         )
     return model
@@ -143,6 +144,43 @@ def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(policy):
     weights = [components(w) for w in model.trainable_weights]
     assert all(np.isfinite(c).all() for copies in weights for c in copies)
     assert max_replica_spread(model.trainable_weights) == 0.0
+
+
+def test_loss_scale_optimizer_inside_is_moved_around():
+    given = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.05), initial_scale=256.0, dynamic_growth_steps=7
+    )
+    optimizer = keras_skip.SkipCorrectionOptimizer(given, interval=3, correction=0.5)
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    skip = optimizer.inner_optimizer
+    assert isinstance(skip, keras_skip.SkipCorrectionOptimizer)
+    assert skip.inner_optimizer is given.inner_optimizer
+    assert (skip.interval, skip.correction) == (3, 0.5)
+    assert (optimizer.initial_scale, optimizer.dynamic_growth_steps) == (256.0, 7)
+    assert optimizer.name == given.name
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert isinstance(restored.inner_optimizer, keras_skip.SkipCorrectionOptimizer)
+    assert (restored.inner_optimizer.interval, restored.initial_scale) == (3, 256.0)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
+def test_loss_scale_optimizer_inside_trains_as_the_one_keras_adds(policy):
+    inside = new_model(mirrored(2), interval=4, loss_scale_inside=True)
+    # compile kept it: one LossScaleOptimizer, around the wrapper.
+    assert isinstance(inside.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(
+        inside.optimizer.inner_optimizer, keras_skip.SkipCorrectionOptimizer
+    )
+    fit(inside, epochs=1, callbacks=[ArmAt(2)])
+    around = new_model(mirrored(2), interval=4)
+    fit(around, epochs=1, callbacks=[ArmAt(2)])
+    steps = int(inside.optimizer.iterations.numpy())
+    assert steps == int(around.optimizer.iterations.numpy()) == SAMPLES // BATCH - 1
+    for a, b in zip(inside.get_weights(), around.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert float(inside.optimizer.dynamic_scale.numpy()) == float(
+        around.optimizer.dynamic_scale.numpy()
+    )
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16"], indirect=True)
