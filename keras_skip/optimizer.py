@@ -620,7 +620,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # Read after the updates: what the timing of an average waits for.
         return variable.read_value()
 
-
     # ------------------------------------------------------------------
     # Averages.
     # ------------------------------------------------------------------

@@ -65,6 +65,38 @@ def test_quick_mode_runs_every_method_and_reports(tmp_path):
     assert all(e["drift"] is None for e in methods["sync"]["epochs"])
 
 
+def record(epoch, seconds, accuracy=None):
+    return {
+        "epoch": epoch,
+        "seconds": seconds + 1.0,
+        "validation_seconds": 1.0,
+        "val_accuracy": accuracy,
+    }
+
+
+def method(name, times, accuracies=None):
+    accuracies = accuracies or [None] * len(times)
+    epochs = [
+        record(i + 1, t, a)
+        for i, (t, a) in enumerate(zip(times, accuracies, strict=True))
+    ]
+    return harness.MethodResult(name, name, epochs, 0, 0, None, [1], None, 0.0)
+
+
+def test_the_bound_counts_the_no_communication_runs_first_epoch():
+    nocomm = method("nocomm", [6.0, 9.0, 12.1, 15.0])
+    assert nocomm.epoch_seconds == pytest.approx(3.0)
+    assert nocomm.seconds_at(3) == pytest.approx(12.1)  # as measured
+    assert nocomm.seconds_at(6) == pytest.approx(15.0 + 2 * 3.0)  # extended
+    sync = method("sync", [20.0, 40.0, 60.0], [0.5, 0.8, 0.9])
+    skip = method("skip", [9.0, 14.0, 19.0, 24.0], [0.6, 0.7, 0.85, 0.9])
+    rows = {r["method"]: r for r in harness.summary_rows([sync, skip, nocomm], 0.85)}
+    assert rows["nocomm"]["time_to_target"] == pytest.approx(12.1)
+    assert rows["nocomm"]["epochs_to_target"] == 3
+    assert rows["skip"]["vs_bound"] == pytest.approx(19.0 / 12.1)
+    assert rows["sync"]["vs_bound"] == pytest.approx(60.0 / 12.1)
+
+
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(
         ValueError, match=r"`bandwidth` must be a tc rate.*bandwidth='fast'"
