@@ -156,8 +156,9 @@ def choose_interval(
 
     Call it once, after the first training step (which traces the step
     function), on every worker at the same point. ``run_local_steps()`` must
-    run ``steps`` training steps of your loop (it is called twice, for the two
-    rounds of :class:`IntervalProbe`); the steps are real training. If the
+    run exactly ``steps`` training steps of your loop (it is called twice,
+    for the two rounds of :class:`IntervalProbe`); the steps are real
+    training. Fewer or more raise a ValueError and decide nothing. If the
     optimizer already holds a decision (restored from a checkpoint), it is
     returned and nothing runs.
 
@@ -190,14 +191,22 @@ def choose_interval(
     probe = IntervalProbe(optimizer, target_ratio, max_interval)
     for _ in range(2):
         probe.start(steps)
+        averages = optimizer.averages_performed
         run_local_steps()
-        rounds = probe.rounds
-        probe.finish()
-        if probe.rounds == rounds:
+        taken = optimizer.averages_performed - averages
+        if taken != 1 or optimizer.local_steps_since_average:
+            # The round's timing is wrong or missing; nothing is decided.
             optimizer._probe_steps.assign(0)
+            ran = "fewer" if taken == 0 else "more"
             raise ValueError(
-                f"run_local_steps() must run steps={steps} training steps of "
-                "this optimizer, but the round ended without reaching them "
-                "(no average was taken). Pass the number of steps it runs."
+                f"run_local_steps() must run exactly steps={steps} training "
+                f"steps of this optimizer, but it ran {ran}: "
+                + (
+                    "the round ended without reaching its average."
+                    if taken == 0
+                    else "steps followed the round's average."
+                )
+                + " Pass the number of steps it runs."
             )
+        probe.finish()
     return probe.decision

@@ -322,12 +322,41 @@ def test_choose_interval_rejects_a_round_shorter_than_steps():
     batches = iter(dataset(strategy))
     optimizer.interval = 1
     step(next(batches))
-    with pytest.raises(ValueError, match=r"must run steps=3 training steps"):
+    with pytest.raises(
+        ValueError, match=r"must run exactly steps=3 training steps.*ran fewer"
+    ):
         keras_skip.choose_interval(optimizer, lambda: step(next(batches)), steps=3)
     # Nothing is left probing: the next steps are synchronous again.
     synchronous = optimizer.synchronous_steps
     step(next(batches))
     assert optimizer.synchronous_steps == synchronous + 1
+
+
+def test_choose_interval_rejects_a_round_longer_than_steps():
+    strategy = mirrored(2)
+    model, optimizer = linear_model(strategy, lambda: keras.optimizers.SGD(0.05))
+    step = make_step(strategy, model, optimizer, "compute_average_loss")
+    batches = iter(dataset(strategy))
+    optimizer.interval = 1
+    step(next(batches))
+
+    def three_steps():
+        for _ in range(3):
+            step(next(batches))
+
+    with pytest.raises(
+        ValueError, match=r"must run exactly steps=2 training steps.*ran more"
+    ):
+        keras_skip.choose_interval(optimizer, three_steps, steps=2)
+    assert optimizer.interval_decision is None
+    assert optimizer.interval == 1
+    # Nothing is left probing: the next step averages the extra local step
+    # away and is synchronous again.
+    synchronous, averages = optimizer.synchronous_steps, optimizer.averages_performed
+    step(next(batches))
+    assert optimizer.synchronous_steps == synchronous + 1
+    assert optimizer.averages_performed == averages + 1
+    assert max_replica_spread(model.trainable_variables) == 0.0
 
 
 def test_choose_interval_waits_for_the_warmup():
