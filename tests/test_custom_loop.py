@@ -315,13 +315,20 @@ def test_custom_loop_on_two_workers_ends_with_identical_weights(tmp_path):
     assert int(outputs[0]["averages"]) == 12
 
 
-def test_choose_interval_rejects_a_round_shorter_than_steps():
+def traced_synchronous_loop():
+    """A 2-replica custom loop at interval 1 whose step function has run
+    once (traced): (model, optimizer, step, batches)."""
     strategy = mirrored(2)
     model, optimizer = linear_model(strategy, lambda: keras.optimizers.SGD(0.05))
     step = make_step(strategy, model, optimizer, "compute_average_loss")
     batches = iter(dataset(strategy))
     optimizer.interval = 1
     step(next(batches))
+    return model, optimizer, step, batches
+
+
+def test_choose_interval_rejects_a_round_shorter_than_steps():
+    _, optimizer, step, batches = traced_synchronous_loop()
     with pytest.raises(
         ValueError, match=r"must run exactly steps=3 training steps.*ran fewer"
     ):
@@ -333,12 +340,7 @@ def test_choose_interval_rejects_a_round_shorter_than_steps():
 
 
 def test_choose_interval_rejects_a_round_longer_than_steps():
-    strategy = mirrored(2)
-    model, optimizer = linear_model(strategy, lambda: keras.optimizers.SGD(0.05))
-    step = make_step(strategy, model, optimizer, "compute_average_loss")
-    batches = iter(dataset(strategy))
-    optimizer.interval = 1
-    step(next(batches))
+    model, optimizer, step, batches = traced_synchronous_loop()
 
     def three_steps():
         for _ in range(3):
