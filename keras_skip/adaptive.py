@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from keras_skip import _checks, maths
-from keras_skip.optimizer import PROBE_FIELDS
+from keras_skip import _checks, maths, multi_worker
+from keras_skip.optimizer import _read, _set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,109 +37,184 @@ class IntervalDecision:
 
 
 class IntervalProbe:
-    """Times local steps and one average, agrees across workers, sets the interval.
+    """Times rounds of local steps, agrees across workers, sets the interval.
 
-    The probe runs two rounds. Each is one run of local steps whose last step
-    averages the replicas, as any interval's last step does. The train step
-    itself times that average (timestamps around it in the graph) and, only
-    while probing, ends with one small all-reduce that gives every worker the
-    longest round and the longest communication time over all replicas. The
-    first round sets that collective up (its first run includes one-time
-    work) and is not used; the second gives the decision (see :func:`decide`).
+    The probe lives on the host: it sets the interval so that training runs
+    three rounds of the same number of local steps, and times each round
+    with the host's clock. Round 1 ends with an average: the first run of
+    the train function's local step and average includes one-time work, and
+    this round takes it. Round 2 has no average; its time per step is
+    ``t_comp``. Round 3 ends with an average; what it takes beyond round 2 is
+    ``t_comm``. With several workers, one small all-reduce after round 3
+    gives every worker everyone's times, so all take the same decision (see
+    :func:`decide`). The train function holds no code for the probe.
 
-    The local steps and the averages are training. What only choosing costs
-    is the timing all-reduce of each round (``16 n`` bytes per replica for
-    ``n`` replicas), a few variable reads and writes, and tracing that
-    all-reduce within the train function.
+    The rounds are training: their local steps and averages are the same as
+    at any interval's end. What only choosing costs is a few reads and writes
+    of small variables between calls and, with several workers, one
+    all-reduce of ``8 * n * keras_skip.multi_worker.GATHER_WIDTH`` bytes per
+    replica for ``n`` replicas (it reuses the function that checks the
+    workers' configurations, so nothing is traced).
 
-    Usage: for each round call :meth:`start` with the number of steps the
-    round will run (all of them local), run them, then call :meth:`finish`.
-    Every worker must do this at the same steps. After the second completed
-    round, :attr:`decision` holds the result and the optimizer's interval is
-    set. A round that ran fewer steps (an epoch ended first) took no average
-    and does not count; start another.
+    Usage: call :meth:`start` before and :meth:`finish` after each call of
+    the training function, which must run ``steps`` steps, all after the
+    warm-up. A round is one call, or two when ``steps`` is 1 (an interval of
+    one step would be synchronous). A round cut by an epoch boundary (an
+    average it did not expect) or an execution cut short is noticed from the
+    optimizer's counters and the probe starts again from round 1. Every
+    worker runs the same steps, so they all notice it alike. After round 3,
+    :attr:`decision` holds the result and the optimizer's interval is set.
     """
 
-    def __init__(self, optimizer, target_ratio: float = 1.0, max_interval: int = 64):
+    #: An interval that no round reaches: round 2 takes no average.
+    NEVER = 2**62
+
+    def __init__(
+        self,
+        optimizer,
+        steps: int = 1,
+        target_ratio: float = 1.0,
+        max_interval: int = 64,
+    ):
         self.optimizer = optimizer
         self.target_ratio = target_ratio
         self.max_interval = max_interval
         self.decision: IntervalDecision | None = None
-        self.rounds = 0
+        #: Rounds started again because an epoch boundary or a shorter call
+        #: broke one, and how the last one was broken: "fewer" steps than a
+        #: round has, or "more".
+        self.restarts = 0
+        self.mismatch: str | None = None
         #: Seconds, collectives and bytes per replica spent only on choosing.
         self.overhead_seconds = 0.0
         self.collectives = 0
         self.bytes_sent = 0
-        self._steps = 0
+        self._calls_per_round = 1 if steps >= 2 else 2
+        #: Local steps per round.
+        self.round_steps = steps * self._calls_per_round
+        strategy = optimizer._distribution_strategy
+        self._workers = multi_worker.num_workers(strategy)
+        self._gather_bytes = (
+            8 * strategy.num_replicas_in_sync * multi_worker.GATHER_WIDTH
+        )
+        self._round = 0
+        self._calls = 0
+        self._counters: tuple[int, int] | None = None
+        self._started = 0.0
+        self._seconds = [0.0, 0.0, 0.0]
 
-    def start(self, steps: int) -> None:
+    @property
+    def probing(self) -> bool:
+        """True between the first :meth:`start` and the decision (or
+        :meth:`cancel`)."""
+        return self.optimizer._interval_outside_probe is not None
+
+    def start(self) -> None:
+        if self.decision is not None:
+            raise RuntimeError("IntervalProbe.start() after the decision.")
+        if self._calls:
+            return  # the second call of a round
         begin = time.perf_counter()
         optimizer = self.optimizer
-        if steps != self._steps:
-            optimizer._probe_steps.assign(steps)
-            self._steps = steps
-        optimizer._probe.assign([time.time(), 0.0, 0.0, 0.0, 0.0])
-        self.overhead_seconds += time.perf_counter() - begin
+        if optimizer._interval_outside_probe is None:
+            optimizer._interval_outside_probe = int(_read(optimizer._interval_variable))
+        if self._counters is None:
+            self._counters = optimizer._counters()
+        local_steps, _ = self._counters
+        due = self.NEVER if self._round == 1 else local_steps + self.round_steps
+        _set(optimizer._interval_variable, due)
+        self._started = time.perf_counter()
+        self.overhead_seconds += self._started - begin
 
     def finish(self) -> IntervalDecision | None:
-        if not self._steps:
-            raise RuntimeError("IntervalProbe.finish() called before start().")
-        optimizer = self.optimizer
-        optimizer.iterations.numpy()  # waits for the round's steps (training)
-        begin = time.perf_counter()
-        probe = dict(zip(PROBE_FIELDS, optimizer._probe.numpy().tolist(), strict=True))
-        if probe["completed"]:
-            self.rounds += 1
-            self.collectives += 1
-            self.bytes_sent += (
-                16 * optimizer._distribution_strategy.num_replicas_in_sync
-            )
-            self.overhead_seconds += probe["exchange"]
-            if self.rounds >= 2:
-                self.decision = decide_from_maxima(
-                    probe["longest_round"],
-                    probe["longest_finish"],
-                    self._steps,
-                    self.target_ratio,
-                    self.max_interval,
-                )
-                optimizer._record_interval_decision(self.decision)
-        self.overhead_seconds += time.perf_counter() - begin
+        if self._counters is None:
+            raise RuntimeError("IntervalProbe.finish() called without start().")
+        self._calls += 1
+        if self._calls < self._calls_per_round:
+            return None
+        self._calls = 0
+        # Reading the counters also waits for the round's steps to end.
+        counters = self.optimizer._counters()
+        end = time.perf_counter()
+        local_steps, averages = self._counters
+        if self._round == 1:
+            expected = (local_steps + self.round_steps, averages)
+        else:
+            expected = (0, averages + 1)
+        self._counters = counters
+        if counters != expected:
+            # Compared as (averages, local steps): fewer steps than the round
+            # has, or more (or an average it did not take itself). The round
+            # is run again.
+            self.mismatch = "fewer" if counters[::-1] < expected[::-1] else "more"
+            self.restarts += 1
+        elif self._round < 2:
+            self._seconds[self._round] = end - self._started
+            self._round += 1
+        else:
+            self._seconds[2] = end - self._started
+            self._decide()
+        self.overhead_seconds += time.perf_counter() - end
         return self.decision
+
+    def interrupt(self) -> None:
+        """Tells the probe that an epoch boundary took an average: a round in
+        progress is run again, and the next round reads the counters anew."""
+        if self._calls:
+            self._calls = 0
+            self.mismatch = "more"
+            self.restarts += 1
+        self._counters = None
+
+    def _decide(self) -> None:
+        without, with_average = self._seconds[1], self._seconds[2]
+        measured = np.array([[without, with_average]])
+        if self._workers > 1:
+            measured = multi_worker.gather(
+                self.optimizer._distribution_strategy, measured[0]
+            )
+            self.collectives += 1
+            self.bytes_sent += self._gather_bytes
+        self.decision = decide(
+            measured, self.round_steps, self.target_ratio, self.max_interval
+        )
+        self.optimizer._interval_outside_probe = None
+        self.optimizer._record_interval_decision(self.decision)
+
+    def cancel(self) -> None:
+        """Gives up a probe before its decision and gives the optimizer back
+        the interval it had before, so that no probe interval is left."""
+        optimizer = self.optimizer
+        before = optimizer._interval_outside_probe
+        if before is not None:
+            optimizer._interval_outside_probe = None
+            _set(optimizer._interval_variable, before)
+        self._counters = None
+        self._round = self._calls = 0
 
 
 def decide(
     measured, steps: int, target_ratio: float, max_interval: int
 ) -> IntervalDecision:
-    """The decision from every replica's ``(round_seconds, average_seconds)``.
+    """The decision from every worker's ``(without_average, with_average)``:
+    the seconds of a round of ``steps`` local steps, and of the next such
+    round, which ends with an average.
 
-    Both rounds start together (the previous average synchronized them), so a
-    worker that finished its local steps early waited in the average for the
-    slowest one: its own communication time is its average's time minus that
-    wait, ``max(round) - round``. ``t_comp`` is the maximum over workers of the
-    time per local step, ``t_comm`` the maximum of the communication times,
-    which is ``max(round + average) - max(round)``. Those two maxima are what
-    the train step all-reduces (:func:`decide_from_maxima`); every worker gets
-    the same numbers, so all agree.
+    The first round starts together on every worker (the previous average
+    synchronized them) and the second ends together (in the average, where
+    every worker waits for the slowest). So ``without + with`` is the same
+    on all, and the slowest worker, the one with the longest first round,
+    waits for no one: its communication time is ``with - without``, which
+    is ``max(without + with) - 2 max(without)``. ``t_comp`` is
+    ``max(without) / steps``. Every worker gets the same numbers, so all
+    agree. A negative estimate (timing noise when the average is cheap) is
+    taken as 0.
     """
     measured = np.asarray(measured, dtype=np.float64).reshape(-1, 2)
-    rounds, averages = measured[:, 0], measured[:, 1]
-    return decide_from_maxima(
-        rounds.max(), (rounds + averages).max(), steps, target_ratio, max_interval
-    )
-
-
-def decide_from_maxima(
-    longest_round: float,
-    longest_finish: float,
-    steps: int,
-    target_ratio: float,
-    max_interval: int,
-) -> IntervalDecision:
-    """The decision from ``max(round)`` and ``max(round + average)`` (see
-    :func:`decide`)."""
-    t_comp = float(longest_round / max(steps, 1))
-    t_comm = float(max(longest_finish - longest_round, 0.0))
+    without, with_average = measured[:, 0], measured[:, 1]
+    longest = without.max()
+    t_comp = float(longest / max(steps, 1))
+    t_comm = float(max((without + with_average).max() - 2 * longest, 0.0))
     interval = maths.adaptive_interval(t_comm, t_comp, target_ratio, max_interval)
     return IntervalDecision(interval, t_comp, t_comm)
 
@@ -156,9 +231,10 @@ def choose_interval(
 
     Call it once, after the first training step (which traces the step
     function), on every worker at the same point. ``run_local_steps()`` must
-    run exactly ``steps`` training steps of your loop (it is called twice,
-    for the two rounds of :class:`IntervalProbe`); the steps are real
-    training. Fewer or more raise a ValueError and decide nothing. If the
+    run exactly ``steps`` training steps of your loop (it is called three
+    times, once per round of :class:`IntervalProbe`, or six times when
+    ``steps`` is 1); the steps are real training. Fewer or more raise a
+    ValueError, decide nothing and leave the interval at 1. If the
     optimizer already holds a decision (restored from a checkpoint), it is
     returned and nothing runs.
 
@@ -188,25 +264,20 @@ def choose_interval(
             f"has taken {int(optimizer.iterations.numpy())} of its "
             f"warmup_steps={optimizer.warmup_steps} synchronous steps."
         )
-    probe = IntervalProbe(optimizer, target_ratio, max_interval)
-    for _ in range(2):
-        probe.start(steps)
-        averages = optimizer.averages_performed
-        run_local_steps()
-        taken = optimizer.averages_performed - averages
-        if taken != 1 or optimizer.local_steps_since_average:
-            # The round's timing is wrong or missing; nothing is decided.
-            optimizer._probe_steps.assign(0)
-            ran = "fewer" if taken == 0 else "more"
-            raise ValueError(
-                f"run_local_steps() must run exactly steps={steps} training "
-                f"steps of this optimizer, but it ran {ran}: "
-                + (
-                    "the round ended without reaching its average."
-                    if taken == 0
-                    else "steps followed the round's average."
+    probe = IntervalProbe(optimizer, steps, target_ratio, max_interval)
+    try:
+        while probe.decision is None:
+            probe.start()
+            run_local_steps()
+            probe.finish()
+            if probe.restarts:
+                raise ValueError(
+                    f"run_local_steps() must run exactly steps={steps} training "
+                    f"steps of this optimizer, but it ran {probe.mismatch}: a "
+                    f"round of {probe.round_steps} local steps did not end as "
+                    "set up. Pass the number of steps it runs."
                 )
-                + " Pass the number of steps it runs."
-            )
-        probe.finish()
+    except BaseException:
+        probe.cancel()
+        raise
     return probe.decision

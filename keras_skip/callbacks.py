@@ -8,6 +8,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import warnings
 
 import keras
 import numpy as np
@@ -152,31 +153,35 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
     """Chooses the interval once, from the timing of the first steady-state step.
 
     Training starts at interval 1 (synchronous). After the first execution of
-    the train function (which traces it) and any warm-up, the callback runs
-    two executions of local steps whose last step averages, as at the end of
-    any interval. The train step times that average itself and exchanges the
-    timings between workers in one small all-reduce: the first round sets the
-    collectives up (their first run includes one-time work), the second is
-    used. It gives `t_comp`, one local step with no communication, and
-    `t_comm`, one average of the exact payload an average sends; takes the
-    maximum of each over all workers; and sets
+    the train function (which traces it) and any warm-up, the callback sets
+    the interval for three rounds of the same local steps, timed from the
+    host: the first ends with an average and takes the one-time work of the
+    first local steps and average; the second takes no average and gives
+    `t_comp`, one local step with no communication; the third ends with an
+    average, and what it takes beyond the second gives `t_comm`, one average
+    of the exact payload an average sends. With several workers one small
+    all-reduce gives every worker everyone's times; all take the maximum of
+    each and set
 
         interval = clip(round(t_comm / (target_ratio * t_comp)), 1, max_interval)
 
     so that per epoch the time spent communicating is about `target_ratio`
     times the time spent computing. The interval then stays fixed: no more
-    probes, statistics or tuning collectives. The decision is saved with the
-    optimizer, so a run resumed from a checkpoint or `BackupAndRestore` keeps
-    it instead of probing again. It is written into the logs of every epoch
-    (`interval`, `t_comp`, `t_comm` in seconds, so `History` has it) and
-    printed when `verbose`.
+    probes, statistics or tuning collectives. The train function holds no
+    code for the probe. The decision is saved with the optimizer, so a run
+    resumed from a checkpoint or `BackupAndRestore` keeps it instead of
+    probing again. It is written into the logs of every epoch (`interval`,
+    `t_comp`, `t_comm` in seconds, so `History` has it) and printed when
+    `verbose`.
 
-    With `steps_per_execution > 1` the probe times a whole execution of local
-    steps and divides by its number of steps (an execution cut short by the
-    end of an epoch takes no average and is probed again). The chosen
-    interval need not be a multiple of `steps_per_execution`: averages happen
-    inside the train function every `interval` local steps, wherever the
-    execution boundaries fall.
+    A round is one execution of the train function, or two when
+    `steps_per_execution` is 1 (an interval of one step is synchronous), so
+    the decision comes after 3 executions, or 6. An epoch boundary inside a
+    round, or an execution cut short by the end of an epoch, breaks it and it
+    runs again; if epochs are too short for a round, the callback warns and
+    keeps interval 1. The chosen interval need not be a multiple of
+    `steps_per_execution`: averages happen inside the train function every
+    `interval` local steps, wherever the execution boundaries fall.
 
     It includes everything `SkipCorrectionCallback` does; pass only this one.
 
@@ -215,8 +220,10 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self.verbose = verbose
         #: The decision in force (an `IntervalDecision`), once known.
         self.decision: adaptive.IntervalDecision | None = None
-        #: Probes run by this callback (0 when a restored decision was kept).
+        #: Probes run by this callback (0 when a restored decision was kept),
+        #: and rounds they ran again (an epoch boundary inside one).
         self.probes = 0
+        self.restarts = 0
         #: Seconds, collectives and bytes per replica spent on choosing the
         #: interval, beyond training itself.
         self.overhead_seconds = 0.0
@@ -224,6 +231,7 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self.bytes_sent = 0
         self._probe: adaptive.IntervalProbe | None = None
         self._probing = False
+        self._gave_up = False
         self._executions = 0
 
     def on_train_begin(self, logs=None):
@@ -232,14 +240,13 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self._executions = 0
         self._probe = None
         self._probing = False
+        self._gave_up = False
         self.decision = optimizer.interval_decision
         if self.decision is None:
             optimizer.interval = 1
-            if optimizer.built:
-                optimizer._probe_steps.assign(0)  # a probe interrupted earlier
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.decision is not None or self._executions == 0:
+        if self.decision is not None or self._executions == 0 or self._gave_up:
             return
         optimizer = self._optimizer
         if self._probe is None:
@@ -252,10 +259,13 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
             # Created now: without a strategy, Keras builds the optimizer
             # during the first step.
             self._probe = adaptive.IntervalProbe(
-                optimizer, self.target_ratio, self.max_interval
+                optimizer,
+                self.model.steps_per_execution,
+                self.target_ratio,
+                self.max_interval,
             )
         self._probing = True
-        self._probe.start(self.model.steps_per_execution)
+        self._probe.start()
 
     def on_train_batch_end(self, batch, logs=None):
         self._executions += 1
@@ -264,14 +274,52 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
             probe = self._probe
             self.decision = probe.finish()
             if self.decision is not None:
-                self.probes += 1
-                self.overhead_seconds += probe.overhead_seconds
-                self.collectives += probe.collectives
-                self.bytes_sent += probe.bytes_sent
-                self._probe = None
+                self._finish_probe()
                 if self.verbose:
                     self._print_decision()
+            elif probe.restarts > self.MAX_RESTARTS:
+                self._give_up()
         super().on_train_batch_end(batch, logs)
+
+    #: Rounds the probe may run again (each epoch boundary inside one is a
+    #: restart) before the callback gives up and keeps interval 1.
+    MAX_RESTARTS = 8
+
+    def _finish_probe(self):
+        probe = self._probe
+        self.probes += 1
+        self.restarts += probe.restarts
+        self.overhead_seconds += probe.overhead_seconds
+        self.collectives += probe.collectives
+        self.bytes_sent += probe.bytes_sent
+        self._probe = None
+
+    def _give_up(self):
+        probe = self._probe
+        probe.cancel()
+        self._finish_probe()
+        self._gave_up = True
+        warnings.warn(
+            "AdaptiveIntervalCallback could not time three undisturbed rounds "
+            f"of {probe.round_steps} local steps: epoch boundaries or short "
+            f"executions broke {probe.restarts} of them. It keeps interval 1 "
+            "for this run and decides nothing. Use epochs of more steps, or "
+            "set the interval yourself.",
+            stacklevel=2,
+        )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        if self._probe is not None:
+            self._probe.interrupt()  # the epoch boundary averaged
+            if self._probe.restarts > self.MAX_RESTARTS:
+                self._give_up()
+
+    def on_train_end(self, logs=None):
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+        super().on_train_end(logs)
 
     def _print_decision(self):
         d = self.decision
@@ -292,51 +340,52 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """`keras.callbacks.BackupAndRestore` made safe for several workers.
 
-    Backs the training state up at the end of every epoch and restores it
-    when a restarted job calls `fit` again, like the Keras callback, with
-    three differences that matter under `MultiWorkerMirroredStrategy`:
+        Backs the training state up at the end of every epoch and restores it
+        when a restarted job calls `fit` again, like the Keras callback, with
+        three differences that matter under `MultiWorkerMirroredStrategy`:
 
-    - every worker writes its own subdirectory, `<backup_dir>/worker-<i>`
-      (the Keras callback has no notion of a chief, so workers sharing one
-      directory overwrite each other's files);
-    - every backup is written to a temporary directory and renamed into
-      place, so a worker killed while writing never leaves a half-written
-      backup, and the two most recent backups are kept;
-    - at restart the workers agree, in one collective, on the latest epoch
-      that *every* worker has a backup of, and all restore that one. Without
-      this, a worker killed between two workers' saves makes them resume from
-      different epochs and diverge silently.
+        - every worker writes its own subdirectory, `<backup_dir>/worker-<i>`
+          (the Keras callback has no notion of a chief, so workers sharing one
+          directory overwrite each other's files);
+        - every backup is written to a temporary directory and renamed into
+          place, so a worker killed while writing never leaves a half-written
+          backup, and the two most recent backups are kept;
+        - at restart the workers agree, in one collective, on the latest epoch
+          that *every* worker has a backup of, and all restore that one. Without
+          this, a worker killed between two workers' saves makes them resume from
+          different epochs and diverge silently.
 
-    The weights file holds the optimizer's whole state, every replica's
-    correction and slots included, so a restarted run continues exactly.
-    Backups are taken at epoch ends only: stock Keras restarts an epoch from
-    its first batch anyway.
+        The weights file holds the optimizer's whole state, every replica's
+        correction and slots included, so a restarted run continues exactly.
+        Backups are taken at epoch ends only: stock Keras restarts an epoch from
+        its first batch anyway.
 
-    Args:
-        backup_dir: Directory for the backups, the same path on every worker
-            (a shared or a local disk). Not to be used for anything else.
-        delete_checkpoint: Remove this worker's backups when training ends
-            normally. Default True.
+        Args:
+            backup_dir: Directory for the backups, the same path on every worker
+                (a shared or a local disk). Not to be used for anything else.
+            delete_checkpoint: Remove this worker's backups when training ends
+                normally. Default True.
 
-    Example:
+        Example:
 
-    ```python
-    import tempfile
+        ```python
+        import tempfile
+    import warnings
 
-    import keras
-    import numpy as np
-    import keras_skip
+        import keras
+        import numpy as np
+        import keras_skip
 
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(
-        optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05)),
-        loss="mse",
-    )
-    x = np.random.rand(64, 4).astype("float32")
-    backup = keras_skip.BackupAndRestore(tempfile.mkdtemp())
-    model.fit(x, x.sum(axis=1), epochs=2, verbose=0,
-              callbacks=[backup, keras_skip.SkipCorrectionCallback()])
-    ```
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05)),
+            loss="mse",
+        )
+        x = np.random.rand(64, 4).astype("float32")
+        backup = keras_skip.BackupAndRestore(tempfile.mkdtemp())
+        model.fit(x, x.sum(axis=1), epochs=2, verbose=0,
+                  callbacks=[backup, keras_skip.SkipCorrectionCallback()])
+        ```
     """
 
     _KEEP = 2

@@ -17,18 +17,6 @@ _compat.apply_keras_fixes()
 
 _REPLICAS_KEY = "{index}@replicas"
 
-#: What the probe variable holds: the round's start (set by the probe), then,
-#: written by the step that ends the round, 1, the maxima over all replicas
-#: of the round's local steps and of those plus the average (see
-#: `keras_skip.adaptive.decide`), and how long the timing exchange took.
-PROBE_FIELDS = (
-    "round_start",
-    "completed",
-    "longest_round",
-    "longest_finish",
-    "exchange",
-)
-
 
 @keras.saving.register_keras_serializable(package="keras_skip")
 class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
@@ -202,6 +190,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._model_state: list[tf.Variable] = []
         self._attached = False
         self._average_function = None
+        # While keras_skip.adaptive.IntervalProbe runs, the interval variable
+        # holds its rounds' schedule; this is the interval outside them, which
+        # `interval` returns and checkpoints save.
+        self._interval_outside_probe: int | None = None
 
     # ------------------------------------------------------------------
     # Configuration and inspectable state.
@@ -212,13 +204,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """Local steps between two averages; settable between steps."""
         if not self.built:
             return self._initial_interval
+        if self._interval_outside_probe is not None:
+            return self._interval_outside_probe
         return int(self._interval_variable.numpy())
 
     @interval.setter
     def interval(self, value: int) -> None:
         value = _checks.integer("interval", value, minimum=1)
-        if self.built:
-            self._interval_variable.assign(value)
+        if self._interval_outside_probe is not None:
+            self._interval_outside_probe = value
+        elif self.built:
+            _set(self._interval_variable, value)
         else:
             self._initial_interval = value
 
@@ -306,13 +302,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             float(self._decision_t_comm.numpy()),
         )
 
-    def _record_interval_decision(self, decision) -> None:
-        self._probe_steps.assign(0)
-        self.interval = decision.interval
+    def _counters(self) -> tuple[int, int]:
+        """(local steps since the last average, averages performed), read
+        from the first local copies: the adaptive probe's read between calls,
+        several times faster than a read of the mirrored variable."""
+        return int(_read(self._local_steps)), int(_read(self._averages))
 
-        self._decided.assign(decision.interval)
-        self._decision_t_comp.assign(decision.t_comp)
-        self._decision_t_comm.assign(decision.t_comm)
+    def _record_interval_decision(self, decision) -> None:
+        self.interval = decision.interval
+        _set(self._decided, decision.interval)
+        _set(self._decision_t_comp, decision.t_comp)
+        _set(self._decision_t_comm, decision.t_comm)
 
     @property
     def learning_rate(self):
@@ -324,8 +324,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        skip = self._unused + getattr(self, "_unsaved", ())
-        own = [v for v in self._variables if all(v is not u for u in skip)]
+        own = [v for v in self._variables if all(v is not u for u in self._unused)]
 
         outer = self.outer_optimizer.variables if self.outer_optimizer else []
         return own + self.inner_optimizer.variables + outer
@@ -404,13 +403,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._decided = self.add_variable((), dtype="int64", name="decided_interval")
         self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
         self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
-        # The adaptive probe (keras_skip.adaptive.IntervalProbe), never saved:
-        # the local steps of its round (0 = not probing) and PROBE_FIELDS.
-        self._probe_steps = self.add_variable((), dtype="int64", name="probe_steps")
-        self._probe = self.add_variable(
-            (len(PROBE_FIELDS),), dtype="float64", name="probe"
-        )
-        self._unsaved = (self._probe_steps, self._probe)
 
         if self._correction:
             self._corrections = self.add_optimizer_variables(var_list, "correction")
@@ -509,25 +501,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 self._bytes.value.assign_add(_bytes(variables))
             return tf.constant(False)
 
-        probe_steps = self._probe_steps.value
-        probing = probe_steps > 0
-
         def local_step():
             if self.outer_optimizer is not None or self._compression:
                 self._record_period_start(distribution, variables)
             grads = local_grads
             if self._group > 1:
                 grads = _group_means(distribution, local_grads, self._group)
-            updates = []
             for g, v in zip(grads, variables, strict=True):
                 c = self._corrections[self._get_variable_index(v)] if n > 1 else None
-                updates.append(
-                    extended.update(
-                        v,
-                        self._local_update,
-                        args=(g, lr, _tf_variable(c)),
-                        group=False,
-                    )
+                extended.update(
+                    v, self._local_update, args=(g, lr, _tf_variable(c)), group=False
                 )
             extended.update(
                 self._gamma.value, _add_learning_rate, args=(lr,), group=False
@@ -535,74 +518,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             local_steps = self._local_steps.value.assign_add(1)
             if n > 1 and self._slot_variables():
                 self._slots_apart.value.assign(1)
-            # While probing, the round's last step averages whatever the interval.
-            due = tf.where(
-                probing,
-                local_steps >= probe_steps,
-                local_steps >= self._interval_variable.value,
-            )
-            # The timestamps bracket the average alone: `start` waits for this
-            # step's updates, `end` for the average's last assignment.
-            with tf.control_dependencies(_local_tensors(distribution, updates)):
-                start = tf.timestamp()
-            with tf.control_dependencies([start]):
-                averaged = tf.cond(
-                    due,
-                    lambda: self._average(distribution),
-                    lambda: tf.constant(False),
-                )
-            with tf.control_dependencies([averaged]):
-                end = tf.timestamp()
             return tf.cond(
-                tf.logical_and(averaged, probing),
-                lambda: self._exchange_timings(distribution, start, end),
-                lambda: averaged,
+                local_steps >= self._interval_variable.value,
+                lambda: self._average(distribution),
+                lambda: tf.constant(False),
             )
 
         is_synchronous = tf.logical_or(
-            tf.logical_and(self._interval_variable.value <= 1, tf.logical_not(probing)),
+            self._interval_variable.value <= 1,
             self._iterations.value < self._warmup_steps,
         )
         return tf.cond(is_synchronous, synchronous_step, local_step)
-
-    def _exchange_timings(self, distribution, start, end):
-        """Ends a probe round: gathers every replica's timings, keeps the maxima.
-
-        Each replica's row is (its round's local steps, those plus its
-        average); one small SUM all-reduce of one-hot rows gathers them all.
-        The maxima are what `keras_skip.adaptive.decide` needs, so every
-        worker writes the same values into the probe variable.
-        """
-        n = distribution.num_replicas_in_sync
-        probe = self._probe.value.read_value()
-        round_seconds = start - probe[0]
-        own = tf.stack([round_seconds, round_seconds + (end - start)])
-
-        def own_row():
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            return tf.one_hot(replica, n, dtype=tf.float64)[:, None] * own[None, :]
-
-        rows = distribution.extended.call_for_each_replica(own_row)
-        if n > 1:
-            rows = distribution.extended.reduce_to(
-                tf.distribute.ReduceOp.SUM, rows, rows
-            )
-
-        longest = tf.reduce_max(distribution.experimental_local_results(rows)[0], 0)
-        with tf.control_dependencies([longest]):
-            exchanged = tf.timestamp()
-        self._probe.value.assign(
-            tf.stack(
-                [
-                    probe[0],
-                    tf.constant(1.0, tf.float64),
-                    longest[0],
-                    longest[1],
-                    exchanged - end,
-                ]
-            )
-        )
-        return tf.constant(True)
 
     def _inner_update(self, variable, gradient, lr):
         _optimizer_update(self.inner_optimizer, variable, gradient, lr)
@@ -617,8 +543,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._inner_update(variable, gradient, lr)
         if correction is not None:
             _add_scaled(variable, correction, lr)
-        # Read after the updates: what the timing of an average waits for.
-        return variable.read_value()
 
     # ------------------------------------------------------------------
     # Averages.
@@ -864,7 +788,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             return  # no state yet: a model saved before training
         for i, v in enumerate(self.variables):
-            store[str(i)] = v.numpy()
+            if v is self._interval_variable and self._interval_outside_probe:
+                store[str(i)] = np.int64(self._interval_outside_probe)
+            else:
+                store[str(i)] = v.numpy()
+
         for i, variable, _ in self._per_replica_state():
             store[_REPLICAS_KEY.format(index=i)] = _replica_state.read(variable)
 
@@ -946,6 +874,35 @@ def _tf_variable(v):
     return v.value if isinstance(v, keras.Variable) else v
 
 
+def _first_copy(variable):
+    """The first local copy of a (mirrored) optimizer variable."""
+    variable = _tf_variable(variable)
+    return getattr(variable, "values", (variable,))[0]
+
+
+def _read(variable) -> int | float:
+    """The value of the first local copy of an optimizer variable, eagerly:
+    one read operation, without the distributed machinery."""
+    copy = _first_copy(variable)
+    return tf.raw_ops.ReadVariableOp(resource=copy.handle, dtype=copy.dtype).numpy()
+
+
+def _set(variable, value) -> None:
+    """Writes `value` into an optimizer variable between steps.
+
+    Eagerly, each local copy of a mirrored variable is assigned directly: the
+    same result as `variable.assign(value)` in cross-replica context, several
+    times faster (it matters to the adaptive probe's cost).
+    """
+    variable = _tf_variable(variable)
+    if not tf.executing_eagerly():
+        variable.assign(value)
+        return
+    value = tf.constant(value, variable.dtype)
+    for copy in getattr(variable, "values", (variable,)):
+        tf.raw_ops.AssignVariableOp(resource=copy.handle, value=value)
+
+
 def _bytes(variables) -> int:
     """Bytes of the values of these variables (a dense payload)."""
     return sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size for v in variables)
@@ -960,15 +917,6 @@ def _optimizer_update(optimizer, variable, gradient, lr):
         )
         variable.assign_sub(variable * decay)
     optimizer.update_step(gradient, variable, lr)
-
-
-def _local_tensors(distribution, values) -> list:
-    """The tensors behind (possibly distributed) update results, to wait on."""
-    tensors = []
-    for value in values:
-        for local in distribution.experimental_local_results(value):
-            tensors.extend(tf.nest.flatten(local))
-    return tensors
 
 
 def _replicas_per_group(group_size, strategy) -> int:

@@ -300,6 +300,36 @@ def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path):
         assert got["averages"] == want["averages"]
 
 
+def test_gather_of_any_length_reuses_one_traced_function():
+    from keras_skip import multi_worker
+
+    strategy = mirrored(3)
+    short = multi_worker.gather(strategy, [1.5, -2.0])
+    long = multi_worker.gather(strategy, np.arange(2 * multi_worker.GATHER_WIDTH + 3))
+    # Every replica contributes this process's vector, in replica order.
+    np.testing.assert_array_equal(short, [[1.5, -2.0]] * 3)
+    np.testing.assert_array_equal(
+        long, np.tile(np.arange(2 * multi_worker.GATHER_WIDTH + 3), (3, 1))
+    )
+    assert strategy._keras_skip_gather.experimental_get_tracing_count() == 1
+
+
+def test_adaptive_interval_is_agreed_by_both_workers_and_times_the_slower(tmp_path):
+    # Worker 1's forward pass sleeps 50 ms a step: t_comp is its time.
+    run = run_workers(tmp_path, 2, adaptive=True, workers={"1": {"step_sleep": 0.05}})
+    assert run.ok, run.failure_report()
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    np.testing.assert_array_equal(results[0]["decision"], results[1]["decision"])
+    interval, t_comp, t_comm = results[0]["decision"]
+    assert t_comp >= 0.05 and t_comm >= 0
+    for r in results:
+        assert r["probes"] == 1
+        # One all-reduce of 16 float64 per replica row, 2 replicas.
+        np.testing.assert_array_equal(r["probe_traffic"], [1, 8 * 2 * 16])
+        np.testing.assert_array_equal(r["history_interval"], [interval] * 2)
+
+
 @pytest.mark.slow
 def test_restart_keeps_the_adaptive_decision(tmp_path):
     backup = str(tmp_path / "backup")

@@ -3,14 +3,14 @@
     python -m keras_skip.bench.overhead [--epochs 20] [--json overhead.json]
 
 On the same model and data, in one run, trains three times: with
-`AdaptiveIntervalCallback` (two timed rounds), with the AdaComm-style
+`AdaptiveIntervalCallback` (three timed rounds), with the AdaComm-style
 baseline (a loss all-reduce and a new interval at every average), and with a
 grid search (one short trial run per candidate interval, then training at the
 winner). For each it reports the wall time, collectives and bytes per replica
 spent on choosing the interval, beyond training itself, and the total
-training time. Tracing counts: the baseline's loss all-reduce function, and
-for the callback the timing exchange in its train step (see
-`exchange_tracing_seconds`).
+training time. Tracing counts: the baseline's loss all-reduce function. The
+callback traces nothing: its probe sets the interval and times rounds from
+the host, and the train function holds no code for it.
 """
 
 from __future__ import annotations
@@ -106,15 +106,14 @@ def run(
     adaptive = keras_skip.AdaptiveIntervalCallback(verbose=int(verbose))
     model = make_model(1)
     seconds, accuracy = train(model, adaptive)
-    tracing = exchange_tracing_seconds(model.optimizer)
     record(
         "AdaptiveIntervalCallback",
         str(adaptive.decision.interval),
-        adaptive.overhead_seconds + tracing,
+        adaptive.overhead_seconds,
         adaptive,
         seconds,
         accuracy,
-        tracing,
+        0.0,  # the train function holds no code for the probe
     )
 
     adacomm = baselines.AdaCommCallback(initial_interval=8)
@@ -150,39 +149,6 @@ def run(
         accuracy,
     )
     return rows
-
-
-def exchange_tracing_seconds(optimizer, repeats: int = 3) -> float:
-    """Seconds the probe's timing exchange adds to tracing the train function.
-
-    The exchange is a `tf.cond` branch of the train step, traced with it.
-    This traces a function holding that condition twice, with the exchange
-    and with an empty branch in its place, and returns the median difference.
-    """
-    import tensorflow as tf
-
-    strategy = optimizer._distribution_strategy
-
-    def traced(with_exchange: bool) -> float:
-        @tf.function(autograph=False)
-        def step():
-            distribution = tf.distribute.get_strategy()
-            start, end = tf.timestamp(), tf.timestamp()
-            return tf.cond(
-                optimizer._probe_steps.value > 0,
-                (lambda: optimizer._exchange_timings(distribution, start, end))
-                if with_exchange
-                else (lambda: tf.constant(True)),
-                lambda: tf.constant(False),
-            )
-
-        with strategy.scope():
-            begin = time.perf_counter()
-            step.get_concrete_function()
-            return time.perf_counter() - begin
-
-    differences = sorted(traced(True) - traced(False) for _ in range(repeats))
-    return max(differences[len(differences) // 2], 0.0)
 
 
 def format_table(rows: list[OverheadRow]) -> str:

@@ -24,6 +24,7 @@ DEFAULTS = {
     "group_size": None,
     "local_devices": 1,  # logical CPU devices (replicas) of each worker
     "overflow_step": None,  # this worker's activations are inf at this step
+    "step_sleep": 0.0,  # seconds every forward pass of this worker sleeps
     "momentum": 0.0,
     "epochs": 2,
     "samples": 256,
@@ -72,6 +73,24 @@ def overflow_layer():
     return keras.layers.Lambda(scale)
 
 
+def sleep_layer(seconds):
+    """Sleeps `seconds` in every forward pass: a slower worker."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def sleep():
+        time.sleep(seconds)
+        return np.float32(0)
+
+    def delay(x):
+        value = tf.numpy_function(sleep, [], tf.float32)
+        value.set_shape(())
+        return x + tf.stop_gradient(value)
+
+    return keras.layers.Lambda(delay)
+
+
 def build_model(config, strategy):
     """The model, compiled under `strategy`, with seeded initial weights."""
     import keras
@@ -89,6 +108,8 @@ def build_model(config, strategy):
         ]
         if config["overflow_step"] is not None:
             layers.append(overflow_layer())
+        if config["step_sleep"]:
+            layers.append(sleep_layer(config["step_sleep"]))
         layers.append(
             keras.layers.Dense(
                 1,
@@ -276,6 +297,10 @@ def main():
                 [decision.interval, decision.t_comp, decision.t_comm]
             )
             result["probes"] = adaptive.probes
+            result["probe_traffic"] = np.array(
+                [adaptive.collectives, adaptive.bytes_sent]
+            )
+            result["history_interval"] = np.array(history.history["interval"])
     np.savez(os.path.join(config["out"], f"worker-{index}.npz"), **result)
     print(f"DONE {digest()}", flush=True)
 
