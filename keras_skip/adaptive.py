@@ -18,7 +18,6 @@ from collections.abc import Callable
 import numpy as np
 
 from keras_skip import _checks, maths, multi_worker
-from keras_skip.optimizer import _read, _set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +106,7 @@ class IntervalProbe:
     def probing(self) -> bool:
         """True between the first :meth:`start` and the decision (or
         :meth:`cancel`)."""
-        return self.optimizer._interval_outside_probe is not None
+        return self.optimizer._interval_outside_override is not None
 
     def start(self) -> None:
         if self.decision is not None:
@@ -116,13 +115,12 @@ class IntervalProbe:
             return  # the second call of a round
         begin = time.perf_counter()
         optimizer = self.optimizer
-        if optimizer._interval_outside_probe is None:
-            optimizer._interval_outside_probe = int(_read(optimizer._interval_variable))
         if self._counters is None:
             self._counters = optimizer._counters()
         local_steps, _ = self._counters
-        due = self.NEVER if self._round == 1 else local_steps + self.round_steps
-        _set(optimizer._interval_variable, due)
+        optimizer._override_interval(
+            self.NEVER if self._round == 1 else local_steps + self.round_steps
+        )
         self._started = time.perf_counter()
         self.overhead_seconds += self._started - begin
 
@@ -178,17 +176,13 @@ class IntervalProbe:
         self.decision = decide(
             measured, self.round_steps, self.target_ratio, self.max_interval
         )
-        self.optimizer._interval_outside_probe = None
+        self.optimizer._interval_outside_override = None
         self.optimizer._record_interval_decision(self.decision)
 
     def cancel(self) -> None:
         """Gives up a probe before its decision and gives the optimizer back
         the interval it had before, so that no probe interval is left."""
-        optimizer = self.optimizer
-        before = optimizer._interval_outside_probe
-        if before is not None:
-            optimizer._interval_outside_probe = None
-            _set(optimizer._interval_variable, before)
+        self.optimizer._end_override()
         self._counters = None
         self._round = self._calls = 0
 

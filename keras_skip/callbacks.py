@@ -72,6 +72,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         super().__init__()
         self._optimizer: SkipCorrectionOptimizer | None = None
         self._counters = (0, 0, 0.0)
+        self._overridden = False
 
     @property
     def optimizer(self) -> SkipCorrectionOptimizer:
@@ -109,7 +110,36 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             },
         )
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._average_in_last_step(batch)
+
+    def _average_in_last_step(self, batch):
+        """Before the epoch's last execution, lets its last step take the
+        boundary average inside the train function, where that is exactly
+        the average `on_train_batch_end` would take after it: all its steps
+        are local and no interval average falls inside it. This spares
+        tracing and calling a separate average function. Anything still
+        pending afterwards is averaged in `on_train_batch_end` as before."""
+        steps = self.params.get("steps") if self.params else None
+        optimizer = self._optimizer
+        if steps is None or not optimizer.built:
+            return
+        if optimizer._interval_outside_override is not None:
+            return  # the adaptive probe's rounds
+        count = min(self.model.steps_per_execution, steps - batch)
+        if batch + count < steps:
+            return
+        due = optimizer._local_steps_now() + count
+        # At 1 the step would be synchronous; at or beyond the interval the
+        # schedule averages in this execution anyway.
+        if 1 < due < optimizer._interval_now():
+            optimizer._override_interval(due)
+            self._overridden = True
+
     def on_train_batch_end(self, batch, logs=None):
+        if self._overridden:
+            self._overridden = False
+            self._optimizer._end_override()
         steps = self.params.get("steps") if self.params else None
         if steps is not None and batch + 1 >= steps:
             self._optimizer.average()
@@ -246,6 +276,10 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
             optimizer.interval = 1
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._start_probe_call()
+        super().on_train_batch_begin(batch, logs)
+
+    def _start_probe_call(self):
         if self.decision is not None or self._executions == 0 or self._gave_up:
             return
         optimizer = self._optimizer
@@ -340,52 +374,51 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """`keras.callbacks.BackupAndRestore` made safe for several workers.
 
-        Backs the training state up at the end of every epoch and restores it
-        when a restarted job calls `fit` again, like the Keras callback, with
-        three differences that matter under `MultiWorkerMirroredStrategy`:
+    Backs the training state up at the end of every epoch and restores it
+    when a restarted job calls `fit` again, like the Keras callback, with
+    three differences that matter under `MultiWorkerMirroredStrategy`:
 
-        - every worker writes its own subdirectory, `<backup_dir>/worker-<i>`
-          (the Keras callback has no notion of a chief, so workers sharing one
-          directory overwrite each other's files);
-        - every backup is written to a temporary directory and renamed into
-          place, so a worker killed while writing never leaves a half-written
-          backup, and the two most recent backups are kept;
-        - at restart the workers agree, in one collective, on the latest epoch
-          that *every* worker has a backup of, and all restore that one. Without
-          this, a worker killed between two workers' saves makes them resume from
-          different epochs and diverge silently.
+    - every worker writes its own subdirectory, `<backup_dir>/worker-<i>`
+      (the Keras callback has no notion of a chief, so workers sharing one
+      directory overwrite each other's files);
+    - every backup is written to a temporary directory and renamed into
+      place, so a worker killed while writing never leaves a half-written
+      backup, and the two most recent backups are kept;
+    - at restart the workers agree, in one collective, on the latest epoch
+      that *every* worker has a backup of, and all restore that one. Without
+      this, a worker killed between two workers' saves makes them resume from
+      different epochs and diverge silently.
 
-        The weights file holds the optimizer's whole state, every replica's
-        correction and slots included, so a restarted run continues exactly.
-        Backups are taken at epoch ends only: stock Keras restarts an epoch from
-        its first batch anyway.
+    The weights file holds the optimizer's whole state, every replica's
+    correction and slots included, so a restarted run continues exactly.
+    Backups are taken at epoch ends only: stock Keras restarts an epoch from
+    its first batch anyway.
 
-        Args:
-            backup_dir: Directory for the backups, the same path on every worker
-                (a shared or a local disk). Not to be used for anything else.
-            delete_checkpoint: Remove this worker's backups when training ends
-                normally. Default True.
+    Args:
+        backup_dir: Directory for the backups, the same path on every worker
+            (a shared or a local disk). Not to be used for anything else.
+        delete_checkpoint: Remove this worker's backups when training ends
+            normally. Default True.
 
-        Example:
+    Example:
 
-        ```python
-        import tempfile
-    import warnings
+    ```python
+    import tempfile
 
-        import keras
-        import numpy as np
-        import keras_skip
+    import keras
+    import numpy as np
+    import keras_skip
 
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model.compile(
-            optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05)),
-            loss="mse",
-        )
-        x = np.random.rand(64, 4).astype("float32")
-        backup = keras_skip.BackupAndRestore(tempfile.mkdtemp())
-        model.fit(x, x.sum(axis=1), epochs=2, verbose=0,
-                  callbacks=[backup, keras_skip.SkipCorrectionCallback()])
-        ```
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(
+        optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05)),
+        loss="mse",
+    )
+    x = np.random.rand(64, 4).astype("float32")
+    backup = keras_skip.BackupAndRestore(tempfile.mkdtemp())
+    model.fit(x, x.sum(axis=1), epochs=2, verbose=0,
+              callbacks=[backup, keras_skip.SkipCorrectionCallback()])
+    ```
     """
 
     _KEEP = 2

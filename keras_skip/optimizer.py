@@ -190,10 +190,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._model_state: list[tf.Variable] = []
         self._attached = False
         self._average_function = None
-        # While keras_skip.adaptive.IntervalProbe runs, the interval variable
-        # holds its rounds' schedule; this is the interval outside them, which
-        # `interval` returns and checkpoints save.
-        self._interval_outside_probe: int | None = None
+        # While the host overrides the interval variable for a few steps (the
+        # adaptive probe's rounds, an epoch's last step), the interval outside
+        # them, which `interval` returns and checkpoints save.
+        self._interval_outside_override: int | None = None
 
     # ------------------------------------------------------------------
     # Configuration and inspectable state.
@@ -204,15 +204,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """Local steps between two averages; settable between steps."""
         if not self.built:
             return self._initial_interval
-        if self._interval_outside_probe is not None:
-            return self._interval_outside_probe
+        if self._interval_outside_override is not None:
+            return self._interval_outside_override
         return int(self._interval_variable.numpy())
 
     @interval.setter
     def interval(self, value: int) -> None:
         value = _checks.integer("interval", value, minimum=1)
-        if self._interval_outside_probe is not None:
-            self._interval_outside_probe = value
+        if self._interval_outside_override is not None:
+            self._interval_outside_override = value
         elif self.built:
             _set(self._interval_variable, value)
         else:
@@ -306,7 +306,28 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """(local steps since the last average, averages performed), read
         from the first local copies: the adaptive probe's read between calls,
         several times faster than a read of the mirrored variable."""
-        return int(_read(self._local_steps)), int(_read(self._averages))
+        return self._local_steps_now(), int(_read(self._averages))
+
+    def _local_steps_now(self) -> int:
+        return int(_read(self._local_steps))
+
+    def _interval_now(self) -> int:
+        """The interval variable as the train function sees it."""
+        return int(_read(self._interval_variable))
+
+    def _override_interval(self, due: int) -> None:
+        """Between executions: the next average is due when the local step
+        count reaches `due`, until `_end_override()`. `interval` and
+        checkpoints keep the interval outside the override."""
+        if self._interval_outside_override is None:
+            self._interval_outside_override = self._interval_now()
+        _set(self._interval_variable, due)
+
+    def _end_override(self) -> None:
+        outside = self._interval_outside_override
+        if outside is not None:
+            self._interval_outside_override = None
+            _set(self._interval_variable, outside)
 
     def _record_interval_decision(self, decision) -> None:
         self.interval = decision.interval
@@ -788,8 +809,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             return  # no state yet: a model saved before training
         for i, v in enumerate(self.variables):
-            if v is self._interval_variable and self._interval_outside_probe:
-                store[str(i)] = np.int64(self._interval_outside_probe)
+            if v is self._interval_variable and self._interval_outside_override:
+                store[str(i)] = np.int64(self._interval_outside_override)
             else:
                 store[str(i)] = v.numpy()
 

@@ -67,15 +67,16 @@ def test_validation_and_epoch_checkpoints_see_the_average(tmp_path):
         validation_data=(xv, yv),
         callbacks=[last, checkpoint, keras_skip.SkipCorrectionCallback()],
     )
-    # Interval 100: only boundary averages; the replicas were apart before.
-    assert (
-        max(
-            float(np.abs(c - copies[0]).max())
-            for copies in last.copies[-1]
-            for c in copies
+
+    # Interval 100: only boundary averages. The replicas were apart one step
+    # before the end; the last step took the boundary average itself.
+    def spread(step):
+        return max(
+            float(np.abs(c - copies[0]).max()) for copies in step for c in copies
         )
-        > 1e-4
-    )
+
+    assert spread(last.copies[-2]) > 1e-4
+    assert spread(last.copies[-1]) == 0
     average = [np.mean(copies, axis=0) for copies in last.copies[-1]]
     for got, expected in zip(model.get_weights(), average, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
@@ -196,6 +197,47 @@ def test_interval_changes_between_steps_without_retracing():
     )
     assert CountingModel.traces == traces
     assert model.optimizer.averages_performed == 4  # step 12, boundary at 15
+
+
+@pytest.mark.parametrize(
+    "interval, in_step, averages",
+    [
+        # 8 steps per epoch. Interval 3: averages after steps 3 and 6, and the
+        # epoch's last step (2 steps into an interval) takes the boundary
+        # average inside the train function.
+        (3, True, 3),
+        # Interval 7: the epoch's last step is the first of an interval (at
+        # 1 it would be synchronous), so the average after it is taken by a
+        # separate function, as before.
+        (7, False, 2),
+    ],
+)
+def test_the_boundary_average_is_taken_by_the_last_step_where_it_can(
+    interval, in_step, averages
+):
+    x, y = data()
+    model = new_model(mirrored(2), interval=interval)
+    last = LastStep()
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
+        callbacks=[last, keras_skip.SkipCorrectionCallback()],
+    )
+    optimizer = model.optimizer
+    assert (optimizer._average_function is None) == in_step
+    assert optimizer.averages_performed == 2 * averages
+    for epoch in range(2):
+        # The last step's weights: identical on both replicas only when the
+        # step itself averaged.
+        spread = max(np.ptp(c, axis=0).max() for c in last.copies[8 * epoch + 7])
+        assert (spread == 0) == in_step
+    assert max_replica_spread(model.trainable_variables) == 0.0
+    assert optimizer.interval == interval
+    assert [int(c) for c in components(optimizer._interval_variable)] == [interval] * 2
 
 
 def test_average_is_callable_eagerly_and_is_a_no_op_when_nothing_is_pending():
