@@ -59,8 +59,8 @@ class IntervalProbe:
     the training function, which must run ``steps`` steps, all after the
     warm-up. A round is one call, or two when ``steps`` is 1 (an interval of
     one step would be synchronous). A round cut by an epoch boundary (an
-    average it did not expect) or an execution cut short is noticed from the
-    optimizer's counters and the probe starts again from round 1. Every
+    average it did not expect, see :meth:`interrupt`) or an execution cut
+    short is noticed from the optimizer's counters and run again. Every
     worker runs the same steps, so they all notice it alike. After round 3,
     :attr:`decision` holds the result and the optimizer's interval is set.
     """
@@ -101,12 +101,13 @@ class IntervalProbe:
         self._counters: tuple[int, int] | None = None
         self._started = 0.0
         self._seconds = [0.0, 0.0, 0.0]
+        self._active = False
 
     @property
     def probing(self) -> bool:
         """True between the first :meth:`start` and the decision (or
-        :meth:`cancel`)."""
-        return self.optimizer._interval_outside_override is not None
+        :meth:`cancel`): the probe holds the optimizer's interval."""
+        return self._active
 
     def start(self) -> None:
         if self.decision is not None:
@@ -118,6 +119,7 @@ class IntervalProbe:
         if self._counters is None:
             self._counters = optimizer._counters()
         local_steps, _ = self._counters
+        self._active = True
         optimizer._override_interval(
             self.NEVER if self._round == 1 else local_steps + self.round_steps
         )
@@ -176,13 +178,16 @@ class IntervalProbe:
         self.decision = decide(
             measured, self.round_steps, self.target_ratio, self.max_interval
         )
+        self._active = False
         self.optimizer._interval_outside_override = None
         self.optimizer._record_interval_decision(self.decision)
 
     def cancel(self) -> None:
         """Gives up a probe before its decision and gives the optimizer back
         the interval it had before, so that no probe interval is left."""
-        self.optimizer._end_override()
+        if self._active:
+            self._active = False
+            self.optimizer._end_override()
         self._counters = None
         self._round = self._calls = 0
 
@@ -194,12 +199,13 @@ def decide(
     the seconds of a round of ``steps`` local steps, and of the next such
     round, which ends with an average.
 
-    The first round starts together on every worker (the previous average
-    synchronized them) and the second ends together (in the average, where
-    every worker waits for the slowest). So ``without + with`` is the same
-    on all, and the slowest worker, the one with the longest first round,
-    waits for no one: its communication time is ``with - without``, which
-    is ``max(without + with) - 2 max(without)``. ``t_comp`` is
+    The round without an average starts together on every worker (the
+    previous average synchronized them) and the round with one ends together
+    (in the average, where every worker waits for the slowest). So
+    ``without + with`` is the same on all, and the slowest worker, the one
+    with the longest round without an average, waits for no one: its
+    communication time is ``with - without``, which is
+    ``max(without + with) - 2 max(without)``. ``t_comp`` is
     ``max(without) / steps``. Every worker gets the same numbers, so all
     agree. A negative estimate (timing noise when the average is cheap) is
     taken as 0.
