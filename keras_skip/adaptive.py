@@ -179,7 +179,6 @@ class IntervalProbe:
             measured, self.round_steps, self.target_ratio, self.max_interval
         )
         self._active = False
-        self.optimizer._interval_outside_override = None
         self.optimizer._record_interval_decision(self.decision)
 
     def cancel(self) -> None:

@@ -42,6 +42,11 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     A checkpoint written at a batch inside an epoch (`save_freq=<int>`)
     holds replica 0's weights, not their average; use epoch-level saves.
 
+    With `SkipCorrectionOptimizer(overlap=True)`, an interval average due at
+    an epoch's last step is taken as the full boundary average, and the
+    callback warns if the interval is no shorter than the epoch (nothing
+    could overlap).
+
     Every epoch's logs (so `History`, `CSVLogger` and `TensorBoard`, which
     writes them as `epoch_*` scalars) get the epoch's telemetry: `interval`,
     `averages` (averages performed), `bytes_sent` (bytes each replica put
@@ -102,6 +107,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                 "measure_drift": optimizer.measure_drift,
                 "compression": optimizer.compression,
                 "group_size": optimizer.group_size,
+                "overlap": optimizer.overlap,
                 "outer optimizer": type(optimizer.outer_optimizer).__name__,
                 "steps_per_execution": self.model.steps_per_execution,
                 "trainable parameters": sum(
@@ -109,6 +115,30 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                 ),
             },
         )
+        self._check_overlap()
+
+    def _check_overlap(self) -> None:
+        """Warns when `overlap=True` has nothing to overlap: with an interval
+        no shorter than the epoch every average is the epoch-boundary one,
+        which is always full, and overlap only adds tracing time."""
+        optimizer = self._optimizer
+        steps = self.params.get("steps") if self.params else None
+        interval = optimizer.interval
+        if (
+            optimizer.overlap
+            and steps is not None
+            and interval > 1
+            and steps <= interval
+        ):
+            warnings.warn(
+                f"SkipCorrectionOptimizer(overlap=True) has no effect at "
+                f"interval={interval} with epochs of {steps} steps: every "
+                "average is the epoch-boundary average, which is never "
+                "overlapped, and the overlapped average's code only lengthens "
+                "the first epoch's tracing. Use an interval shorter than the "
+                "epoch, or overlap=False.",
+                stacklevel=2,
+            )
 
     def on_train_batch_begin(self, batch, logs=None):
         self._average_in_last_step(batch)
@@ -124,7 +154,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         optimizer = self._optimizer
         if steps is None or not optimizer.built:
             return
-        if optimizer._interval_outside_override is not None:
+        if optimizer._overridden():
             return  # the adaptive probe's rounds
         count = min(self.model.steps_per_execution, steps - batch)
         if batch + count < steps:
@@ -134,6 +164,11 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         # schedule averages in this execution anyway.
         if 1 < due < optimizer._interval_now():
             optimizer._override_interval(due)
+            self._overridden = True
+        elif optimizer.overlap:
+            # An average due at the last step is the boundary average: full,
+            # where an overlapped one would need another after it.
+            optimizer._full_average_at(optimizer._iterations_now() + count - 1)
             self._overridden = True
 
     def on_train_batch_end(self, batch, logs=None):
@@ -279,6 +314,10 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self._start_probe_call()
         super().on_train_batch_begin(batch, logs)
 
+    def _check_overlap(self) -> None:
+        if self.decision is not None:  # else the interval is not chosen yet
+            super()._check_overlap()
+
     def _start_probe_call(self):
         if self.decision is not None or self._executions == 0 or self._gave_up:
             return
@@ -309,6 +348,7 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
             self.decision = probe.finish()
             if self.decision is not None:
                 self._finish_probe()
+                self._check_overlap()
                 if self.verbose:
                     self._print_decision()
             elif probe.restarts > self.MAX_RESTARTS:

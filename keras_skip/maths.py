@@ -147,6 +147,24 @@ def outer_step(
     return x_start + displacement, slots
 
 
+def overlapped_average(
+    averaged: np.ndarray, now: np.ndarray, snapshot: np.ndarray
+) -> np.ndarray:
+    """Applies an average that was computed while a local step ran.
+
+    The all-reduce sent ``snapshot``, each replica's value before the step,
+    and returned ``averaged`` (the average of the snapshots, after any outer
+    step); meanwhile the step moved the replica to ``now``. Each replica
+    keeps its own step on top of the average:
+    ``x_i <- averaged + (now_i - snapshot_i)``. With no step in between
+    (``now == snapshot``) this is the plain average. The replicas then
+    differ by their own last displacement only, which the next average
+    includes; the mean over replicas is the average of ``now`` when
+    ``averaged`` is the exact mean of ``snapshot``.
+    """
+    return averaged + (now - snapshot)
+
+
 def quantize(x, dtype: str) -> np.ndarray:
     """``x`` rounded to float32, then to ``dtype`` ("bfloat16" or "float16")
     to nearest with ties to even, as a float64 array: what a payload cast to
@@ -298,6 +316,7 @@ def simulate(
     outer_learning_rate: float = 1.0,
     compression: str | None = None,
     group_size: int = 1,
+    overlap: bool = False,
 ) -> SimulationResult:
     """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
 
@@ -332,6 +351,12 @@ def simulate(
             :func:`group_mean`), so a group moves as one replica with its
             members' mini-batches; groups skip and average as replicas do.
             Must divide ``n``; 1 is the plain algorithm.
+        overlap: Overlapped interval averages (see :func:`overlapped_average`):
+            the average due after a local step is taken on the weights as they
+            were before that step, and each replica keeps that step's own
+            displacement on top of it. Boundary averages, an average due at
+            a boundary step, and the pending average before a synchronous
+            step are full averages.
 
     Returns:
         A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
@@ -362,12 +387,16 @@ def simulate(
     outer_slots = outer.init(x_start) if outer else ()
     outer_steps = 0
     errors = np.zeros_like(x)  # what compression has not sent yet
+    # Overlap: x holds one local step's displacement that no average has
+    # included yet (the step an overlapped average ran alongside).
+    carried = False
 
     def do_average(include_slots=False):
         nonlocal x, c, slots, gamma, local, slots_apart, outer_slots, outer_steps
-        nonlocal errors
+        nonlocal errors, carried
+        moved = bool(local) or carried
         if n > 1 and compression:
-            base = x_start if local else x  # replicas agree when nothing moved
+            base = x_start if moved else x  # replicas agree when nothing moved
             sent, errors = compress_with_feedback(x - base, errors, compression)
             x_bar = base[:1] + wire_mean(sent, compression)
             drifts.append(drift(x, x_bar))
@@ -384,37 +413,58 @@ def simulate(
             elif optimizer_state == "reset":
                 slots = tuple(np.zeros_like(s) for s in slots)
                 slots_apart = False
-        if outer and local:  # not for slots-only averages
+        if outer and moved:  # not for slots-only averages
             x, outer_slots = outer_step(
                 x_start, x, outer, outer_slots, outer_learning_rate, outer_steps
             )
             outer_steps += 1
-        gamma, local = 0.0, 0
+        gamma, local, carried = 0.0, 0, False
+
+    def do_overlapped_average(snapshot, snapshot_slots, snapshot_gamma, lr):
+        nonlocal x, slots, gamma, local, slots_apart, x_start, carried
+        x_now, slots_now = x, slots
+        x, slots, gamma, local = snapshot, snapshot_slots, snapshot_gamma, local - 1
+        do_average()
+        x_start = x.copy()  # the new period starts from the (outer) average
+        x = overlapped_average(x, x_now, snapshot)
+        if optimizer_state == "local":
+            slots = slots_now
+        else:
+            slots = tuple(
+                overlapped_average(s, now, snap)
+                for s, now, snap in zip(slots, slots_now, snapshot_slots, strict=True)
+            )
+        slots_apart = bool(slots)
+        gamma, carried = lr, True
 
     for t in range(steps):
         lr = lr_fn(t)
         g = np.asarray(grad_fn(t, x), np.float64)
         if is_synchronous_step(t, interval_fn(t), warmup_steps):
-            if local or slots_apart:
+            if local or slots_apart or carried:
                 do_average(include_slots=True)
                 boundary_averages += 1
             g_bar = np.broadcast_to(g.mean(axis=0, keepdims=True), g.shape)
             displacement, slots = inner.step(g_bar, x, slots, lr, t)
             x = x + displacement
         else:
-            if not local:
+            if not local and not carried:
                 x_start = x.copy()
             if group_size > 1:
                 g = group_mean(g, group_size)
+            snapshot, snapshot_slots, snapshot_gamma = x, slots, gamma
             displacement, slots = inner.step(g, x, slots, lr, t)
             x = local_step(x, displacement, c if n > 1 else 0.0, lr)
             gamma += lr
             local += 1
             slots_apart = n > 1 and bool(slots)
             if average_due(local, interval_fn(t)):
-                do_average()
+                if overlap and n > 1 and t + 1 not in boundaries:
+                    do_overlapped_average(snapshot, snapshot_slots, snapshot_gamma, lr)
+                else:
+                    do_average()
                 interval_averages += 1
-        if t + 1 in boundaries and local:
+        if t + 1 in boundaries and (local or carried):
             do_average()
             boundary_averages += 1
         history.append(x.copy())

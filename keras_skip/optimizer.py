@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -16,6 +17,17 @@ from keras_skip import _checks, _compat, _replica_state, maths
 _compat.apply_keras_fixes()
 
 _REPLICAS_KEY = "{index}@replicas"
+
+
+class _Sent(NamedTuple):
+    """An overlapped average's state, taken before the local step."""
+
+    due: tf.Tensor  # an average is due after the step
+    overlapped: tf.Tensor  # ... and it is the overlapped one, started here
+    moved: tf.Tensor  # the weights had moved since the last average
+    gamma: tf.Tensor  # the learning rates' sum before the step
+    snapshot: list  # per replica: the payload (and reset slots) before it
+    means: list  # the payload's means (empty when not overlapped)
 
 
 @keras.saving.register_keras_serializable(package="keras_skip")
@@ -94,6 +106,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             integer must divide the number of replicas on each worker, so
             that no group spans two machines. None or 1: every replica takes
             its own local steps.
+        overlap: Bool, default False. Overlapped averaging: the all-reduce
+            of an interval average runs while the local step it is due after
+            computes, instead of after it. It sends the weights as they were
+            before that step (a snapshot); each replica then takes the
+            snapshots' average plus its own step, `x_i <- x_bar_snapshot +
+            (x_i - x_i_snapshot)`, and updates its correction on the
+            snapshot. This hides up to one step's computation per average;
+            the replicas stay apart by that one step until the next average.
+            Averages at epoch boundaries (and wherever the interval is
+            overridden, as during the adaptive probe) stay full averages.
         name: Optional name of the optimizer.
 
     Example:
@@ -133,6 +155,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         compression: str | None = None,
         measure_drift: bool = False,
         group_size: int | str | None = None,
+        overlap: bool = False,
         name: str | None = None,
         **kwargs,
     ):
@@ -186,6 +209,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             group_size = _checks.integer("group_size", group_size, minimum=1)
         self._group_size = group_size
         self._group = 1  # replicas per group, resolved when built
+        self._overlap = _checks.boolean("overlap", overlap)
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
         self._attached = False
@@ -248,6 +272,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return self._group_size
 
     @property
+    def overlap(self) -> bool:
+        """Whether interval averages overlap the step they are due after."""
+        return self._overlap
+
+    @property
     def measure_drift(self) -> bool:
         """Whether each average measures the replicas' drift."""
         return self._measure_drift
@@ -281,8 +310,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     @property
     def local_steps_since_average(self) -> int:
-        """Local steps taken since the last average (0 right after one)."""
-        return int(self._local_steps.numpy()) if self.built else 0
+        """Local steps taken since the last average (0 right after one). With
+        `overlap`, the step an overlapped average ran alongside counts: no
+        average has included it yet."""
+        if not self.built:
+            return 0
+        carried = int(self._carried.numpy()) if self._overlap else 0
+        return int(self._local_steps.numpy()) + carried
 
     @property
     def interval_decision(self):
@@ -305,7 +339,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def _counters(self) -> tuple[int, int]:
         """(local steps since the last average, averages performed), read
         from the first local copies: the adaptive probe's read between calls,
-        several times faster than a read of the mirrored variable."""
+        one read operation instead of the mirrored variable's machinery."""
         return self._local_steps_now(), int(_read(self._averages))
 
     def _local_steps_now(self) -> int:
@@ -317,20 +351,42 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     def _override_interval(self, due: int) -> None:
         """Between executions: the next average is due when the local step
-        count reaches `due`, until `_end_override()`. `interval` and
-        checkpoints keep the interval outside the override."""
+        count reaches `due`, and is a full average, until `_end_override()`.
+        `interval` and checkpoints keep the interval outside the override."""
         if self._interval_outside_override is None:
             self._interval_outside_override = self._interval_now()
         _set(self._interval_variable, due)
+        if self._overlap:
+            self._full_average_at(
+                self._iterations_now() + due - self._local_steps_now() - 1
+            )
 
-    def _end_override(self) -> None:
+    def _overridden(self) -> bool:
+        """Whether the host holds the interval variable (`_override_interval`)."""
+        return self._interval_outside_override is not None
+
+    def _end_override(self, interval: int | None = None) -> None:
+        """Gives the interval variable back the interval outside the
+        override, or `interval` if given, and ends `_full_average_at`."""
         outside = self._interval_outside_override
         if outside is not None:
             self._interval_outside_override = None
-            _set(self._interval_variable, outside)
+            _set(self._interval_variable, outside if interval is None else interval)
+        elif interval is not None:
+            self.interval = interval
+        if self._overlap:
+            self._full_average_at(-1)
+
+    def _full_average_at(self, step: int) -> None:
+        """With `overlap`: an average due at optimizer step `step` (0-based)
+        is a full one; -1 for none."""
+        _set(self._full_at, step)
+
+    def _iterations_now(self) -> int:
+        return int(_read(self._iterations))
 
     def _record_interval_decision(self, decision) -> None:
-        self.interval = decision.interval
+        self._end_override(decision.interval)
         _set(self._decided, decision.interval)
         _set(self._decision_t_comp, decision.t_comp)
         _set(self._decision_t_comm, decision.t_comm)
@@ -416,6 +472,20 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if self._measure_drift:
             # The sum of the drifts measured so far, and the last one.
             self._drift = self.add_variable((2,), dtype="float64", name="drift")
+
+        if self._overlap:
+            # 1 while the weights hold the local step an overlapped average
+            # ran alongside, which no average has included yet.
+            self._carried = self.add_variable((), dtype="int64", name="carried_step")
+            # The step (iteration) whose due average must be a full one, as
+            # the host arranged it (an epoch's last step, an overridden
+            # interval's average), or -1.
+            self._full_at = self.add_variable(
+                (),
+                initializer=keras.initializers.Constant(-1),
+                dtype="int64",
+                name="full_average_step",
+            )
 
         # 1 while the inner optimizer's slots differ between replicas (policy
         # "local"): a synchronous step must not start from them.
@@ -525,6 +595,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         def local_step():
             if self.outer_optimizer is not None or self._compression:
                 self._record_period_start(distribution, variables)
+            sent = (
+                self._send_snapshot(distribution) if self._overlap and n > 1 else None
+            )
             grads = local_grads
             if self._group > 1:
                 grads = _group_means(distribution, local_grads, self._group)
@@ -539,6 +612,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             local_steps = self._local_steps.value.assign_add(1)
             if n > 1 and self._slot_variables():
                 self._slots_apart.value.assign(1)
+            if sent is not None:
+                return tf.cond(
+                    sent.overlapped,
+                    lambda: self._average(distribution, sent=sent, lr=lr),
+                    lambda: tf.cond(
+                        sent.due,
+                        lambda: self._average(distribution),
+                        lambda: tf.constant(False),
+                    ),
+                )
             return tf.cond(
                 local_steps >= self._interval_variable.value,
                 lambda: self._average(distribution),
@@ -578,65 +661,169 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             if id(v) not in skip and _is_float(v)
         ]
 
-    def _average(self, distribution, include_slots=False):
-        """Averages the replicas (cross-replica context); returns True."""
+    def _payload(self, include_slots: bool):
+        """``(weights, slots, payload)``: what an average sends is the
+        payload, the trainable weights first."""
+        weights = [_tf_variable(v) for v in self._trainable_variables]
+        slots = self._slot_variables()
+        averaged_slots = (
+            slots if include_slots or self._optimizer_state == "average" else []
+        )
+        return weights, slots, weights + self._model_state + averaged_slots
+
+    def _moved(self):
+        """Whether the weights moved since the last average (cross-replica)."""
+        moved = self._local_steps.value > 0
+        if self._overlap:
+            moved = tf.logical_or(moved, self._carried.value > 0)
+        return moved
+
+    def _send_snapshot(self, distribution) -> _Sent:
+        """Overlap, before the local step: reads what an average would send
+        (the values before the step) and, if an overlapped average is due
+        after the step, starts its all-reduce. Nothing here writes a
+        variable the step touches, and the step writes nothing read here
+        after these reads, so the runtime runs the all-reduce while the
+        step's forward and backward pass compute."""
+        extended = distribution.extended
+        due = self._local_steps.value + 1 >= self._interval_variable.value
+        overlapped = tf.logical_and(due, self._iterations.value != self._full_at.value)
+        moved = self._moved()
+        gamma = tf.identity(self._gamma.value)
+        weights, slots, payload = self._payload(include_slots=False)
+        held = payload + (slots if self._optimizer_state == "reset" else [])
+        # Read only when due: the step's update then copies what it writes.
+        snapshot = _when(
+            distribution,
+            overlapped,
+            lambda: extended.call_for_each_replica(
+                lambda: [tf.identity(v) for v in held]
+            ),
+            held,
+        )
+        values = snapshot[: len(payload)]
+
+        def send():
+            if self._compression:
+                per_replica = self._compressed_payload(
+                    distribution, weights, payload[len(weights) :], moved, values
+                )
+                return self._reduce(distribution, per_replica, payload, len(weights))
+            return self._reduce(distribution, values, payload)
+
+        wire = tf.as_dtype(self._compression) if self._compression else None
+        dtypes = [wire] * len(weights) if wire is not None else []
+        means = _when(distribution, overlapped, send, payload, dtypes)
+        return _Sent(due, overlapped, moved, gamma, snapshot, means)
+
+    def _reduce(self, distribution, per_replica, payload, split=None) -> list:
+        """The MEAN all-reduce of an average. With `split`, two batches: the
+        first `split` values (the weights in the wire type), then the rest;
+        one batch per type, as a batch may be packed into one tensor."""
+        parts = (
+            [slice(0, None)] if split is None else [slice(0, split), slice(split, None)]
+        )
+        means = []
+        for part in parts:
+            if per_replica[part]:
+                means += distribution.extended.batch_reduce_to(
+                    tf.distribute.ReduceOp.MEAN,
+                    list(zip(per_replica[part], payload[part], strict=True)),
+                )
+        return means
+
+    def _average(self, distribution, include_slots=False, sent=None, lr=None):
+        """Averages the replicas (cross-replica context); returns True.
+
+        With `sent` (overlap), the average of the snapshots `sent` carries,
+        applied after the step: each replica keeps its step's displacement
+        on top, and the correction is updated on the snapshot.
+        """
         n = distribution.num_replicas_in_sync
         extended = distribution.extended
+        moved = self._moved() if sent is None else sent.moved
         if n > 1:
-            weights = [_tf_variable(v) for v in self._trainable_variables]
-            slots = self._slot_variables()
-            averaged_slots = (
-                slots if include_slots or self._optimizer_state == "average" else []
-            )
-            payload = weights + self._model_state + averaged_slots
+            weights, slots, payload = self._payload(include_slots)
+            rest = payload[len(weights) :]
+            gamma = self._gamma.value if sent is None else sent.gamma
             scale = tf.math.divide_no_nan(
-                tf.constant(self._correction, tf.float32), self._gamma.value
+                tf.constant(self._correction, tf.float32), gamma
             )
+            values = None
+            if sent is not None:
+                values = sent.snapshot[: len(payload)]
+                held = payload + (slots if self._optimizer_state == "reset" else [])
+                displacements = extended.call_for_each_replica(
+                    lambda snapshot: [
+                        tf.identity(v) - s for v, s in zip(held, snapshot, strict=True)
+                    ],
+                    args=(sent.snapshot,),
+                )
             if self._compression:
                 means = self._compressed_average(
-                    distribution, weights, payload[len(weights) :], scale
+                    distribution, weights, rest, scale, moved, sent
                 )
             else:
-                per_replica = extended.call_for_each_replica(
-                    lambda: [tf.identity(v) for v in payload]
-                )
-                means = extended.batch_reduce_to(
-                    tf.distribute.ReduceOp.MEAN,
-                    list(zip(per_replica, payload, strict=True)),
-                )
+                if sent is None:
+                    per_replica = extended.call_for_each_replica(
+                        lambda: [tf.identity(v) for v in payload]
+                    )
+                    means = self._reduce(distribution, per_replica, payload)
+                else:
+                    means = sent.means
                 self._bytes.value.assign_add(_bytes(payload))
+                own = values[: len(weights)] if values is not None else None
                 if self._measure_drift:
-                    self._record_drift(distribution, weights, means[: len(weights)])
-                for v, mean, c in zip(weights, means, self._corrections, strict=False):
+                    self._record_drift(
+                        distribution, weights, means[: len(weights)], values=own
+                    )
+                for i, (v, c) in enumerate(
+                    zip(weights, self._corrections, strict=False)
+                ):
                     extended.update(
                         v,
                         _assign_with_correction,
-                        args=(mean, _tf_variable(c), scale),
+                        args=(
+                            means[i],
+                            _tf_variable(c),
+                            scale,
+                            None if own is None else own[i],
+                        ),
                         group=False,
                     )
-            for v, mean in zip(
-                payload[len(weights) :], means[len(weights) :], strict=True
-            ):
+            for v, mean in zip(rest, means[len(weights) :], strict=True):
                 extended.update(v, _assign, args=(mean,), group=False)
             if self._optimizer_state == "reset" and not include_slots:
                 for s in slots:
                     s.assign(tf.zeros(s.shape, s.dtype))
-            if include_slots or self._optimizer_state != "local":
+            if sent is None and (include_slots or self._optimizer_state != "local"):
                 self._slots_apart.value.assign(0)
         if self.outer_optimizer is not None:
-            self._outer_step(distribution)
-        self._gamma.value.assign(0.0)
+            self._outer_step(distribution, moved)
+        if sent is not None:
+            if self.outer_optimizer is not None or self._compression:
+                # The next period starts from the (outer) average.
+                self._record_starts(distribution, weights)
+            for v, d in zip(held, displacements, strict=True):
+                extended.update(v, _add, args=(d,), group=False)
+            extended.update(
+                self._gamma.value, _assign_learning_rate, args=(lr,), group=False
+            )
+            self._carried.value.assign(1)
+        else:
+            self._gamma.value.assign(0.0)
+            if self._overlap:
+                self._carried.value.assign(0)
         self._local_steps.value.assign(0)
         self._averages.value.assign_add(1)
         return tf.constant(True)
 
-    def _compressed_average(self, distribution, weights, rest, scale):
-        """The average with `compression`: sends the weights' updates since
-        the period began in the wire type, with error feedback, and assigns
-        the weights and corrections. Returns the means, the weights' first."""
-        extended = distribution.extended
+    def _compressed_payload(self, distribution, weights, rest, moved, values=None):
+        """Per replica, what an average with `compression` sends: each
+        weight's update since the period began plus its unsent error, in the
+        wire type, then `rest` as it is. `values`: the payload's values to
+        send (a snapshot) instead of the variables'."""
         wire = tf.as_dtype(self._compression)
-        moved = self._local_steps.value > 0
         starts = [
             _tf_variable(self._starts[self._get_variable_index(v)]) for v in weights
         ]
@@ -644,28 +831,47 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             _tf_variable(self._errors[self._get_variable_index(v)]) for v in weights
         ]
 
-        def payload():
+        def payload(values):
             sent = []
-            for v, start, error in zip(weights, starts, errors, strict=True):
-                base = tf.where(moved, start.read_value(), v.read_value())
-                sent.append(tf.cast(v.read_value() - base + error.read_value(), wire))
-            return sent + [tf.identity(v) for v in rest]
+            for i, (v, start, error) in enumerate(
+                zip(weights, starts, errors, strict=True)
+            ):
+                x = v.read_value() if values is None else values[i]
+                base = tf.where(moved, start.read_value(), x)
+                sent.append(tf.cast(x - base + error.read_value(), wire))
+            if values is None:
+                return sent + [tf.identity(v) for v in rest]
+            return sent + list(values[len(weights) :])
 
-        per_replica = extended.call_for_each_replica(payload)
-        # One batch per type: a batch may be packed into one tensor.
-        means = []
-        for part in (slice(0, len(weights)), slice(len(weights), None)):
-            if per_replica[part]:
-                means += extended.batch_reduce_to(
-                    tf.distribute.ReduceOp.MEAN,
-                    list(zip(per_replica[part], (weights + rest)[part], strict=True)),
-                )
+        return distribution.extended.call_for_each_replica(payload, args=(values,))
+
+    def _compressed_average(self, distribution, weights, rest, scale, moved, sent=None):
+        """The average with `compression`: sends the weights' updates since
+        the period began in the wire type, with error feedback, and assigns
+        the weights and corrections. Returns the means, the weights' first."""
+        extended = distribution.extended
+        wire = tf.as_dtype(self._compression)
+        starts = [
+            _tf_variable(self._starts[self._get_variable_index(v)]) for v in weights
+        ]
+        errors = [
+            _tf_variable(self._errors[self._get_variable_index(v)]) for v in weights
+        ]
+        values = None
+        if sent is None:
+            per_replica = self._compressed_payload(distribution, weights, rest, moved)
+            means = self._reduce(
+                distribution, per_replica, weights + rest, len(weights)
+            )
+        else:
+            values = sent.snapshot[: len(weights)]
+            means = sent.means
         self._bytes.value.assign_add(
             sum(v.shape.num_elements() * wire.size for v in weights) + _bytes(rest)
         )
         if self._measure_drift:
             self._record_drift(
-                distribution, weights, means[: len(weights)], starts, moved
+                distribution, weights, means[: len(weights)], starts, moved, values
             )
         for i, v in enumerate(weights):
             c = self._corrections[self._get_variable_index(v)]
@@ -674,12 +880,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 _assign_compressed,
                 args=(
                     means[i],
-                    per_replica[i],
                     starts[i],
                     errors[i],
                     _tf_variable(c),
                     scale,
                     moved,
+                    wire,
+                    None if values is None else values[i],
                 ),
                 group=False,
             )
@@ -688,17 +895,24 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def _record_period_start(self, distribution, variables):
         """Keeps the weights at the first local step of a period (identical
         on every replica: they were just averaged or synchronized)."""
-        extended = distribution.extended
+        first = self._local_steps.value == 0
+        if self._overlap:
+            # After an overlapped average the weights hold a local step: the
+            # period's start was recorded by that average.
+            first = tf.logical_and(first, self._carried.value == 0)
 
         def record():
-            for v in variables:
-                start = _tf_variable(self._starts[self._get_variable_index(v)])
-                extended.update(start, _assign, args=(v,), group=False)
+            self._record_starts(distribution, variables)
             return tf.constant(True)
 
-        return tf.cond(self._local_steps.value == 0, record, lambda: tf.constant(False))
+        return tf.cond(first, record, lambda: tf.constant(False))
 
-    def _outer_step(self, distribution):
+    def _record_starts(self, distribution, variables):
+        for v in variables:
+            start = _tf_variable(self._starts[self._get_variable_index(v)])
+            distribution.extended.update(start, _assign, args=(v,), group=False)
+
+    def _outer_step(self, distribution, moved):
         """The outer optimizer's step on ``start - average``, after the
         average and only if the period had local steps."""
         outer = self.outer_optimizer
@@ -714,24 +928,29 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             outer.iterations.value.assign_add(1)
             return tf.constant(True)
 
-        return tf.cond(self._local_steps.value > 0, step, lambda: tf.constant(False))
+        return tf.cond(moved, step, lambda: tf.constant(False))
 
-    def _record_drift(self, distribution, weights, means, starts=None, moved=None):
+    def _record_drift(
+        self, distribution, weights, means, starts=None, moved=None, values=None
+    ):
         """Records ``mean_i ||x_i - x_bar||`` before the weights are overwritten
         (with compression, ``means`` are the updates' and ``x_bar`` is
-        ``base + mean``, as in `_assign_compressed`)."""
+        ``base + mean``, as in `_assign_compressed`). `values`: the weights
+        the average sent (a snapshot) instead of the variables'."""
 
-        def own_drift(means):
+        def own_drift(means, values):
             squares = []
             for i, (v, m) in enumerate(zip(weights, means, strict=True)):
-                x = v.read_value()
+                x = v.read_value() if values is None else values[i]
                 if starts is not None:
                     base = tf.where(moved, starts[i].read_value(), x)
                     m = base + tf.cast(m, x.dtype)
                 squares.append(tf.reduce_sum(tf.square(tf.cast(x - m, tf.float64))))
             return tf.sqrt(tf.add_n(squares))
 
-        drift = distribution.extended.call_for_each_replica(own_drift, args=(means,))
+        drift = distribution.extended.call_for_each_replica(
+            own_drift, args=(means, values)
+        )
         drift = distribution.extended.batch_reduce_to(
             tf.distribute.ReduceOp.MEAN, [(drift, drift)]
         )[0]
@@ -740,7 +959,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._drift.value.assign(tf.stack([total + drift, drift]))
 
     def _average_if_pending(self, distribution, include_slots=False):
-        pending = self._local_steps.value > 0
+        pending = self._moved()
         if include_slots:
             pending = tf.logical_or(pending, self._slots_apart.value > 0)
         return tf.cond(
@@ -809,8 +1028,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             return  # no state yet: a model saved before training
         for i, v in enumerate(self.variables):
-            if v is self._interval_variable and self._interval_outside_override:
+            if v is self._interval_variable and self._overridden():
                 store[str(i)] = np.int64(self._interval_outside_override)
+            elif self._overlap and v is self._full_at:
+                store[str(i)] = np.int64(-1)  # set only for one execution
             else:
                 store[str(i)] = v.numpy()
 
@@ -865,6 +1086,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             "measure_drift": self._measure_drift,
             "compression": self._compression,
             "group_size": self._group_size,
+            "overlap": self._overlap,
             "outer_optimizer": (
                 None
                 if self.outer_optimizer is None
@@ -912,8 +1134,8 @@ def _set(variable, value) -> None:
     """Writes `value` into an optimizer variable between steps.
 
     Eagerly, each local copy of a mirrored variable is assigned directly: the
-    same result as `variable.assign(value)` in cross-replica context, several
-    times faster (it matters to the adaptive probe's cost).
+    same result as `variable.assign(value)` in cross-replica context, with
+    one operation per copy (it matters to the adaptive probe's cost).
     """
     variable = _tf_variable(variable)
     if not tf.executing_eagerly():
@@ -922,6 +1144,34 @@ def _set(variable, value) -> None:
     value = tf.constant(value, variable.dtype)
     for copy in getattr(variable, "values", (variable,)):
         tf.raw_ops.AssignVariableOp(resource=copy.handle, value=value)
+
+
+def _when(distribution, pred, fn, variables, dtypes=()) -> list:
+    """`fn()`, a list of distributed values shaped like `variables`, if `pred`,
+    else empty tensors: a `tf.cond` in cross-replica context, returning
+    `PerReplica` values. `dtypes`: the values' types where they are not the
+    variables' (a leading part of the list)."""
+    local = len(distribution.extended.worker_devices)
+    types = list(dtypes) + [v.dtype for v in variables[len(dtypes) :]]
+
+    def taken():
+        return [
+            part
+            for value in fn()
+            for part in distribution.experimental_local_results(value)
+        ]
+
+    def skipped():
+        return [tf.zeros([0], dtype) for dtype in types for _ in range(local)]
+
+    flat = tf.cond(pred, taken, skipped)
+    values = []
+    for i, v in enumerate(variables):
+        parts = flat[i * local : (i + 1) * local]
+        for part in parts:
+            part.set_shape(v.shape)
+        values.append(_tf_values.PerReplica(tuple(parts)))
+    return values
 
 
 def _bytes(variables) -> int:
@@ -1021,16 +1271,30 @@ def _assign(variable, value):
     return variable.assign(value)
 
 
-def _assign_with_correction(variable, mean, correction, scale):
+def _add(variable, value):
+    return variable.assign_add(value)
+
+
+def _assign_learning_rate(gamma, lr):
+    return gamma.assign(tf.cast(lr, gamma.dtype))
+
+
+def _assign_with_correction(variable, mean, correction, scale, value=None):
+    """``x_i <- mean``, and ``c_i += scale (mean - x_i)``; `value`: the
+    replica's weights the average sent (a snapshot), if not the variable's."""
     if correction is not None:
-        correction.assign_add((mean - variable) * tf.cast(scale, variable.dtype))
+        x = variable.read_value() if value is None else value
+        correction.assign_add((mean - x) * tf.cast(scale, variable.dtype))
     return variable.assign(mean)
 
 
-def _assign_compressed(variable, mean, sent, start, error, correction, scale, moved):
-    base = tf.where(moved, start.read_value(), variable.read_value())
-    update = variable - base + error
-    sent = tf.cast(sent, variable.dtype)
+def _assign_compressed(
+    variable, mean, start, error, correction, scale, moved, wire, value=None
+):
+    x = variable.read_value() if value is None else value
+    base = tf.where(moved, start.read_value(), x)
+    update = x - base + error
+    sent = tf.cast(tf.cast(update, wire), variable.dtype)
     error.assign(update - sent)
     average = base + tf.cast(mean, variable.dtype)
     if correction is not None:

@@ -97,6 +97,18 @@ def test_the_bound_counts_the_no_communication_runs_first_epoch():
     assert rows["sync"]["vs_bound"] == pytest.approx(60.0 / 12.1)
 
 
+def test_overlap_hidden_is_the_share_of_communication_time_saved():
+    nocomm = method("nocomm", [5.0, 8.0, 11.0])  # 3 s per epoch
+    skip = method("skip", [15.0, 28.0, 41.0])  # 13 s: 10 s communicating
+    overlap = method("overlap", [15.0, 26.0, 37.0])  # 11 s
+    outer = method("outer-compress", [15.0, 25.0, 35.0])
+    outer_overlap = method("outer-compress-overlap", [15.0, 26.0, 37.0])
+    hidden = harness.overlap_hidden([skip, overlap, outer, outer_overlap, nocomm])
+    assert hidden["overlap"] == pytest.approx(0.2)
+    assert hidden["outer-compress-overlap"] == pytest.approx(-1 / 7)  # it cost
+    assert harness.overlap_hidden([skip, overlap]) == {}  # no bound to measure
+
+
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(
         ValueError, match=r"`bandwidth` must be a tc rate.*bandwidth='fast'"
@@ -207,8 +219,12 @@ def test_interrupting_the_benchmark_removes_workers_and_namespaces(tmp_path):
     assert process.returncode == 130, output
     assert "every worker process and network namespace was removed" in output
     assert leftovers() == []
+    # This run's workers only (their configuration names its directory):
+    # other tests may run benchmark workers at the same time.
     workers = subprocess.run(
-        ["pgrep", "-f", "keras_skip.bench.worker"], capture_output=True, text=True
+        ["pgrep", "-f", f"keras_skip.bench.worker.*{tmp_path}"],
+        capture_output=True,
+        text=True,
     ).stdout
     assert workers.strip() == ""
 

@@ -373,3 +373,49 @@ def test_choose_interval_waits_for_the_warmup():
     step(next(iter(dataset(strategy))))
     with pytest.raises(ValueError, match=r"taken 1 of its warmup_steps=5"):
         keras_skip.choose_interval(optimizer, lambda: None)
+
+
+def test_choose_interval_gives_the_interval_back_when_a_round_raises():
+    _, optimizer, step, batches = traced_synchronous_loop()
+    calls = []
+
+    def failing_second_round():
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user stops the loop mid-probe
+        step(next(batches))
+
+    with pytest.raises(KeyboardInterrupt):
+        keras_skip.choose_interval(optimizer, failing_second_round, steps=1)
+    assert optimizer.interval_decision is None
+    assert optimizer.interval == 1
+    assert optimizer._interval_now() == 1  # no probe interval left behind
+    assert not optimizer._overridden()
+    synchronous = optimizer.synchronous_steps
+    step(next(batches))
+    assert optimizer.synchronous_steps == synchronous + 1
+
+
+def test_interval_set_during_an_override_applies_when_it_ends():
+    _, optimizer, _, _ = traced_synchronous_loop()
+    optimizer.interval = 4
+    optimizer._override_interval(2)
+    assert optimizer._interval_now() == 2
+    optimizer.interval = 6  # e.g. a callback, between steps
+    assert optimizer.interval == 6
+    assert optimizer._interval_now() == 2  # the override still holds
+    optimizer._end_override()
+    assert optimizer._interval_now() == 6 and optimizer.interval == 6
+
+
+def test_interval_probe_refuses_calls_out_of_order():
+    from keras_skip.adaptive import IntervalDecision, IntervalProbe
+
+    _, optimizer, _, _ = traced_synchronous_loop()
+    probe = IntervalProbe(optimizer, 1, 1.0, 8)
+    with pytest.raises(RuntimeError, match=r"finish\(\) called without start\(\)"):
+        probe.finish()
+    probe.decision = IntervalDecision(2, 0.01, 0.02)
+    with pytest.raises(RuntimeError, match=r"start\(\) after the decision"):
+        probe.start()
+    assert not optimizer._overridden()

@@ -196,6 +196,27 @@ def test_compressed_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path
 
 
 @pytest.mark.slow
+def test_overlapped_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path):
+    """Real collective all-reduces between processes, started before the
+    local step they overlap; two steps per execution."""
+    config = dict(
+        interval=3, momentum=0.5, epochs=2, overlap=True, steps_per_execution=2
+    )
+    result = run_workers(tmp_path, 2, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    weights, corrections = mirrored_reference(2, **config)
+    plain, _ = mirrored_reference(2, **{**config, "overlap": False})
+    assert np.abs(weights - plain).max() > 1e-4  # overlap shows
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+    for i in range(2):
+        np.testing.assert_allclose(
+            results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
+        )
+
+
+@pytest.mark.slow
 def test_plain_optimizer_tf_data_and_steps_per_execution(tmp_path):
     config = dict(
         mode="stock", dataset=True, steps_per_execution=3, validation=True, epochs=2

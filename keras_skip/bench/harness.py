@@ -34,6 +34,7 @@ import time
 from collections.abc import Sequence
 
 from keras_skip.bench import launcher, netem
+from keras_skip.bench.worker import OPTION_METHODS
 
 
 def _positive_int(text: str) -> int:
@@ -73,9 +74,7 @@ ALL_METHODS = (
     "adaptive",
     "adacomm",
     "nocomm",
-    "outer",
-    "compress",
-    "outer-compress",
+    *OPTION_METHODS,
 )
 #: What runs without --methods: the options of issue-free defaults are opt-in.
 DEFAULT_METHODS = ALL_METHODS[:6]
@@ -171,12 +170,14 @@ def method_plan(args) -> list[tuple[str, str, dict]]:
                 )
         elif method == "adacomm":
             plan.append(("adacomm", "AdaComm-style local SGD", {"method": "adacomm"}))
-        elif method in ("outer", "compress", "outer-compress"):
+        elif method in OPTION_METHODS:
             parts = []
             if "outer" in method:
                 parts.append(f"Nesterov outer {args.outer_learning_rate:g}")
             if "compress" in method:
                 parts.append(f"{args.compression} averages")
+            if "overlap" in method:
+                parts.append("overlapped averages")
             plan.append(
                 (
                     method,
@@ -278,6 +279,29 @@ def summary_rows(results: Sequence[MethodResult], target: float) -> list[dict]:
             }
         )
     return rows
+
+
+def overlap_hidden(results: Sequence[MethodResult]) -> dict[str, float]:
+    """For each method with overlapped averages run beside the same method
+    without them and the no-communication run: the share of the
+    communication time per epoch that overlapping hid,
+    ``(without - with) / (without - no communication)``, from the steady
+    epoch times of this one run."""
+    by_name = {r.name: r for r in results}
+    nocomm = by_name.get("nocomm")
+    hidden = {}
+    for name, r in by_name.items():
+        if nocomm is None or "overlap" not in name:
+            continue
+        base = by_name.get(
+            name.removesuffix("-overlap") if name != "overlap" else "skip"
+        )
+        if base is None:
+            continue
+        communication = base.epoch_seconds - nocomm.epoch_seconds
+        if communication > 0:
+            hidden[name] = (base.epoch_seconds - r.epoch_seconds) / communication
+    return hidden
 
 
 def _interval_text(r: MethodResult) -> str:
@@ -488,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compression",
         choices=("bfloat16", "float16"),
         default="bfloat16",
-        help="wire type of methods compress and outer-compress",
+        help="wire type of the methods with compress",
     )
     parser.add_argument(
         "--outer-momentum",
@@ -595,6 +619,13 @@ def run(args, print_fn=print) -> dict:
         )
     rows = summary_rows(results, target)
     table = format_table(rows, target)
+    hidden = overlap_hidden(results)
+    for name, share in hidden.items():
+        table += (
+            f"\n{name}: overlapping hid {share:.1%} of the communication time "
+            "per epoch (steady epochs, against the same method without it "
+            "and the no-communication run)"
+        )
     paths = plot(results, target, out_dir)
     report = {
         "workers": args.workers,
@@ -604,6 +635,7 @@ def run(args, print_fn=print) -> dict:
         "target": target,
         "seconds": time.monotonic() - started,
         "rows": rows,
+        "overlap_hidden": hidden,
         "methods": [dataclasses.asdict(r) for r in results],
         "plots": paths,
         "arguments": vars(args),

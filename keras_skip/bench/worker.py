@@ -16,7 +16,8 @@ import sys
 import time
 
 DEFAULTS = {
-    # sync, local, skip, adaptive, adacomm, nocomm, outer, compress, outer-compress
+    # sync, local, skip, adaptive, adacomm, nocomm, and the options: outer,
+    # compress, outer-compress, overlap, outer-compress-overlap
     "method": "skip",
     "workload": "mlp",  # mlp, mlp-noniid, cnn
     "hidden": [1024, 1024],
@@ -35,6 +36,15 @@ DEFAULTS = {
     "peer_timeout": 60.0,
     "out": ".",
 }
+
+#: Skip+correction with options of SkipCorrectionOptimizer, named by them.
+OPTION_METHODS = (
+    "outer",
+    "compress",
+    "outer-compress",
+    "overlap",
+    "outer-compress-overlap",
+)
 
 #: An interval that never comes: the no-communication bound averages nothing.
 NEVER = 2**62
@@ -97,6 +107,7 @@ def build(config, strategy):
                 outer_optimizer=outer,
                 compression=config["compression"] if "compress" in method else None,
                 measure_drift=config["measure_drift"],
+                overlap="overlap" in method,
             )
         model.compile(
             optimizer=optimizer,
@@ -104,7 +115,7 @@ def build(config, strategy):
             metrics=["accuracy"],
         )
     callbacks = []
-    if method in ("local", "skip", "outer", "compress", "outer-compress"):
+    if method in ("local", "skip") or method in OPTION_METHODS:
         callbacks.append(keras_skip.SkipCorrectionCallback())
     elif method == "adaptive":
         callbacks.append(

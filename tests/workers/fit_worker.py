@@ -22,6 +22,7 @@ DEFAULTS = {
     "policy": None,  # a keras.mixed_precision policy, such as "mixed_float16"
     "compression": None,
     "group_size": None,
+    "overlap": False,
     "local_devices": 1,  # logical CPU devices (replicas) of each worker
     "overflow_step": None,  # this worker's activations are inf at this step
     "step_sleep": 0.0,  # seconds every forward pass of this worker sleeps
@@ -134,6 +135,7 @@ def build_model(config, strategy):
                 outer_optimizer=outer,
                 compression=config["compression"],
                 group_size=config["group_size"],
+                overlap=config["overlap"],
             )
         else:
             optimizer = inner
