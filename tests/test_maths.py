@@ -88,10 +88,13 @@ def test_interval_1_is_synchronous_for_every_inner_optimizer(problem, beta, lr, 
     betas,
     rates,
     st.sampled_from(["sgd", "momentum", "adam"]),
+    st.booleans(),
 )
 def test_after_every_average_corrections_sum_to_zero_and_replicas_agree(
-    problem, interval, beta, lr, kind
+    problem, interval, beta, lr, kind, overlap
 ):
+    """Also with overlapped averages, after which the replicas differ by
+    their last step (see test_overlap.py)."""
     n, _dim, steps, grads, x0 = problem
     inner = {"sgd": maths.sgd(), "momentum": maths.sgd(0.9), "adam": maths.adam()}[kind]
     seen = []
@@ -109,8 +112,11 @@ def test_after_every_average_corrections_sum_to_zero_and_replicas_agree(
         interval=interval,
         correction=beta,
         inner=inner,
+        overlap=overlap,
     )
     averaged_after = [t for t in range(steps) if (t + 1) % interval == 0]
+    if overlap and interval > 1:
+        averaged_after = []  # each replica keeps its last step (test_overlap.py)
     for t in averaged_after:
         x = result.history[t]
         np.testing.assert_allclose(x, np.broadcast_to(x[:1], x.shape), atol=1e-12)

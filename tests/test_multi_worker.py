@@ -136,21 +136,28 @@ def test_telemetry_of_two_workers_equals_two_mirrored_replicas(tmp_path):
         np.testing.assert_allclose(r["history_drift"], expected["drift"], rtol=1e-4)
 
 
-@pytest.mark.slow
-def test_outer_optimizer_on_two_workers_equals_two_mirrored_replicas(tmp_path):
-    config = dict(interval=4, momentum=0.5, epochs=2, outer=[0.7, 0.9])
+def assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, option, off):
+    """Two workers train with `config`; both end identical and equal to two
+    MirroredStrategy replicas of this process, which differ from a run with
+    `option` set to `off` (so the option is exercised)."""
     result = run_workers(tmp_path, 2, **config)
     assert result.ok, result.failure_report()
     results = outputs(tmp_path, 2)
     assert_workers_agree(results)
     weights, corrections = mirrored_reference(2, **config)
-    plain, _ = mirrored_reference(2, **{**config, "outer": None})
-    assert np.abs(weights - plain).max() > 1e-3  # the outer step matters
+    without, _ = mirrored_reference(2, **{**config, option: off})
+    assert np.abs(weights - without).max() > 1e-5
     np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
     for i in range(2):
         np.testing.assert_allclose(
             results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
         )
+
+
+@pytest.mark.slow
+def test_outer_optimizer_on_two_workers_equals_two_mirrored_replicas(tmp_path):
+    config = dict(interval=4, momentum=0.5, epochs=2, outer=[0.7, 0.9])
+    assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, "outer", None)
 
 
 @pytest.mark.slow
@@ -181,18 +188,9 @@ def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
 @pytest.mark.slow
 def test_compressed_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path):
     config = dict(interval=3, momentum=0.5, epochs=2, compression="bfloat16")
-    result = run_workers(tmp_path, 2, **config)
-    assert result.ok, result.failure_report()
-    results = outputs(tmp_path, 2)
-    assert_workers_agree(results)
-    weights, corrections = mirrored_reference(2, **config)
-    exact, _ = mirrored_reference(2, **{**config, "compression": None})
-    assert np.abs(weights - exact).max() > 1e-5  # compression shows
-    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
-    for i in range(2):
-        np.testing.assert_allclose(
-            results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
-        )
+    assert_two_workers_equal_two_mirrored_replicas(
+        tmp_path, config, "compression", None
+    )
 
 
 @pytest.mark.slow
@@ -202,18 +200,7 @@ def test_overlapped_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path
     config = dict(
         interval=3, momentum=0.5, epochs=2, overlap=True, steps_per_execution=2
     )
-    result = run_workers(tmp_path, 2, **config)
-    assert result.ok, result.failure_report()
-    results = outputs(tmp_path, 2)
-    assert_workers_agree(results)
-    weights, corrections = mirrored_reference(2, **config)
-    plain, _ = mirrored_reference(2, **{**config, "overlap": False})
-    assert np.abs(weights - plain).max() > 1e-4  # overlap shows
-    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
-    for i in range(2):
-        np.testing.assert_allclose(
-            results[i]["corrections"], corrections[i], rtol=1e-4, atol=1e-6
-        )
+    assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, "overlap", False)
 
 
 @pytest.mark.slow
