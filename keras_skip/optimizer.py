@@ -112,8 +112,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             before that step (a snapshot); each replica then takes the
             snapshots' average plus its own step, `x_i <- x_bar_snapshot +
             (x_i - x_i_snapshot)`, and updates its correction on the
-            snapshot. This hides up to one step's computation per average;
-            the replicas stay apart by that one step until the next average.
+            snapshot. The all-reduce can only run alongside that one step
+            (Keras runs each step as its own function call); the replicas
+            stay apart by that step until the next average.
             Averages at epoch boundaries (and wherever the interval is
             overridden, as during the adaptive probe) stay full averages.
         name: Optional name of the optimizer.
