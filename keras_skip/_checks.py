@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
+import warnings
 
 
 def integer(name: str, value, minimum: int) -> int:
@@ -42,3 +45,24 @@ def boolean(name: str, value) -> bool:
             f"Received: {name}={value!r} of type {type(value).__name__}"
         )
     return bool(value)
+
+
+#: Packages whose frames a warning skips to reach the user's code.
+_INTERNAL = ("keras_skip", "keras", "tensorflow", "absl")
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warns with the location of the first caller outside keras-skip, Keras
+    and TensorFlow (usually the user's `fit` call), wherever the warning is
+    raised from."""
+    roots = []
+    for name in _INTERNAL:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            roots.append(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
+    frame = sys._getframe(1)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(tuple(roots)):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

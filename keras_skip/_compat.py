@@ -1,8 +1,16 @@
 """Workarounds for Keras and TensorFlow behaviour that keras-skip depends on.
 
-Each workaround names the releases it was checked against and has a test in
-``tests/test_compat.py`` that fails when an upstream release changes the
-behaviour it patches, so that it can be removed or updated.
+Every use of a private Keras or TensorFlow API lives here. Each names the
+releases it was checked against and has a test in ``tests/test_compat.py``
+that fails when an upstream release changes the behaviour it relies on or
+patches, so that it can be removed or updated.
+
+Nothing here changes Keras for a model that does not use
+`SkipCorrectionOptimizer`: the trainer fixes are set on the model instances
+compiled with it (:func:`prepare_model`), reached through one pass-through
+hook installed when the first `SkipCorrectionOptimizer` is created
+(:func:`install_model_hook`). :func:`apply_keras_fixes` is the explicit
+opt-in that extends the trainer fixes to every model.
 
 Checked with keras 3.15.1 and tensorflow 2.21.0.
 """
@@ -10,12 +18,74 @@ Checked with keras 3.15.1 and tensorflow 2.21.0.
 from __future__ import annotations
 
 import contextlib
+import re
+import types
 
 import keras
 import tensorflow as tf
 
 CHECKED_KERAS = "3.15.1"
 CHECKED_TENSORFLOW = "2.21.0"
+#: The oldest releases the workarounds were tested with.
+OLDEST_KERAS = "3.15.0"
+OLDEST_TENSORFLOW = "2.21.0"
+
+
+# ---------------------------------------------------------------------------
+# Versions.
+# ---------------------------------------------------------------------------
+
+
+def _minor(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``"3.15.1"`` or
+    ``"2.22.0rc1"``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"Not a version number: {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def untested_versions(
+    keras_version: str | None = None, tensorflow_version: str | None = None
+) -> list[str]:
+    """The installed Keras and TensorFlow releases outside the tested range
+    (compared by minor release), described for a warning; empty if none."""
+    found = []
+    for name, version, oldest, newest in (
+        ("Keras", keras_version or keras.__version__, OLDEST_KERAS, CHECKED_KERAS),
+        (
+            "TensorFlow",
+            tensorflow_version or tf.__version__,
+            OLDEST_TENSORFLOW,
+            CHECKED_TENSORFLOW,
+        ),
+    ):
+        if not _minor(oldest) <= _minor(version) <= _minor(newest):
+            low, high = (".".join(map(str, _minor(v))) for v in (oldest, newest))
+            found.append(f"{name} {version} (tested: {low} to {high})")
+    return found
+
+
+def check_versions() -> None:
+    """Warns once, naming the versions, when Keras or TensorFlow is outside
+    the range keras-skip's workarounds were tested with."""
+    untested = untested_versions()
+    if untested:
+        from keras_skip import _checks
+
+        _checks.warn_at_caller(
+            "keras-skip relies on Keras and TensorFlow internals that were "
+            f"tested only within its supported range; found {', '.join(untested)}. "
+            "Training may fail or give wrong results. Install versions in the "
+            "supported range (see the installation docs) or run keras-skip's "
+            "test suite against these versions first.",
+            RuntimeWarning,
+        )
+
+
+# ---------------------------------------------------------------------------
+# Model state that averages include.
+# ---------------------------------------------------------------------------
 
 
 def averaged_model_state(model: keras.Model) -> list[keras.Variable]:
@@ -49,113 +119,259 @@ def _is_float(variable) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Keras' TensorFlow trainer under tf.distribute.
+# A wrapped optimizer's own hooks, run from cross-replica context.
 # ---------------------------------------------------------------------------
 
-_ORIGINALS: dict[str, object] = {}
+
+def _base_optimizer_class():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return TFOptimizer
 
 
-def apply_keras_fixes() -> list[str]:
-    """Patches Keras' TensorFlow trainer where it fails under tf.distribute.
+#: Methods through which Keras' `Optimizer.apply` reaches the update, in the
+#: order it calls them. A wrapped optimizer may override the ones keras-skip
+#: calls itself (`_clip_gradients`, `_apply_weight_decay`,
+#: `_backend_update_step`, `update_step`), not the others: keras-skip
+#: replaces them.
+REPLACED_METHODS = ("apply", "apply_gradients", "_backend_apply_gradients")
 
-    Each patch changes behaviour only in a case where stock Keras 3.15 raises,
-    and delegates to Keras everywhere else:
 
-    - ``symbolic_build``: under ``MultiWorkerMirroredStrategy``, ``fit`` and
-      ``evaluate`` reduce the first batch with ``strategy.reduce("MEAN", ...)``
-      just to learn its shapes, which fails ("Attempt to convert a value
-      (PerReplica...) with an unsupported type"). The patch takes the local
-      replica's batch instead.
-    - ``scalar_logs``: under ``MultiWorkerMirroredStrategy`` the logs of every
-      step are reduced with ``axis=0``, which fails on scalars ("Invalid
-      reduction dimension 0 for input with 0 dimensions", tensorflow#72388).
-      The patch reduces scalars with ``axis=None``.
-    - ``steps_per_execution``: with ``steps_per_execution > 1`` on more than
-      one replica (``MirroredStrategy`` or multi-worker), Keras calls the step
-      inside a ``tf.cond`` in its ``tf.while_loop``, which fails at run time
-      ("You must feed a value for placeholder tensor .../while/cond/
-      Placeholder", keras-team/keras#19246). The patch runs the same loop
-      without that redundant ``tf.cond`` (``unrolled_steps_per_execution`` is
-      not used on this path).
-    - ``loss_scale_agreement``: ``LossScaleOptimizer`` (what Keras wraps every
-      optimizer in under the ``mixed_float16`` policy) decides whether a step's
-      gradients are finite from replica 0's alone, "since grads is
-      all-reduced". Local steps are not all-reduced: a replica with an
-      overflow would apply it, and workers could disagree on whether to step,
-      so one would wait in an average the others skip. When the
-      ``LossScaleOptimizer`` wraps a ``SkipCorrectionOptimizer`` the patch
-      all-reduces the verdict (one float per step) so that every replica
-      skips the step if any overflowed; otherwise it is Keras' check.
-
-    Idempotent; ``import keras_skip.optimizer`` applies it. Returns the names of
-    the patches in force.
-    """
-    from keras.src.backend.tensorflow import trainer
-
-    if not _ORIGINALS:
-        _ORIGINALS["_maybe_symbolic_build"] = (
-            trainer.TensorFlowTrainer._maybe_symbolic_build
-        )
-        _ORIGINALS["reduce_per_replica"] = trainer.reduce_per_replica
-        _ORIGINALS["_make_function"] = trainer.TensorFlowTrainer._make_function
-        _ORIGINALS["check_finite"] = keras.optimizers.LossScaleOptimizer.check_finite
-        trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-        trainer.reduce_per_replica = _reduce_per_replica
-        trainer.TensorFlowTrainer._make_function = _make_function
-        keras.optimizers.LossScaleOptimizer.check_finite = _check_finite
+def replaced_overrides(optimizer) -> list[str]:
+    """The methods of `REPLACED_METHODS` that the optimizer's class overrides
+    (keras-skip would silently bypass them)."""
+    base = keras.optimizers.Optimizer
     return [
-        "symbolic_build",
-        "scalar_logs",
-        "steps_per_execution",
-        "loss_scale_agreement",
+        name
+        for name in REPLACED_METHODS
+        if getattr(type(optimizer), name) is not getattr(base, name)
     ]
 
 
-@contextlib.contextmanager
-def keras_fixes_removed():
-    """Stock Keras for the duration of the block (tests pin upstream bugs)."""
-    from keras.src.backend.tensorflow import trainer
+def build_tracked(optimizer, var_list) -> None:
+    """Builds a wrapped optimizer with Keras' attribute tracking on.
 
-    applied = bool(_ORIGINALS)
-    if applied:
-        trainer.TensorFlowTrainer._maybe_symbolic_build = _ORIGINALS[
-            "_maybe_symbolic_build"
-        ]
-        trainer.reduce_per_replica = _ORIGINALS["reduce_per_replica"]
-        trainer.TensorFlowTrainer._make_function = _ORIGINALS["_make_function"]
-        keras.optimizers.LossScaleOptimizer.check_finite = _ORIGINALS["check_finite"]
+    An optimizer's state created as a plain attribute (Nadam's momentum
+    schedule `_u_product`) joins its `variables`, and so its checkpoints,
+    only through tracking, which the wrapper's own build (like Keras'
+    LossScaleOptimizer's, which may call it) turns off. Uses the global
+    attribute ``tracking_on`` of ``keras.src.utils.tracking`` (keras 3.15).
+    """
+    from keras.src.backend.common import global_state
+
+    saved = global_state.get_global_attribute("tracking_on", True)
+    global_state.set_global_attribute("tracking_on", True)
+    try:
+        optimizer.build(var_list)
+    finally:
+        global_state.set_global_attribute("tracking_on", saved)
+
+
+def clip_gradients(optimizer, grads: list) -> list:
+    """The optimizer's own gradient clipping (`clipnorm`, `global_clipnorm`,
+    `clipvalue`), ``BaseOptimizer._clip_gradients`` (keras 3.15)."""
+    return optimizer._clip_gradients(grads)
+
+
+def _no_merge_call() -> bool:
+    return False
+
+
+@contextlib.contextmanager
+def _merge_calls_run_directly(strategy):
+    """Keras' TensorFlow optimizer reaches cross-replica context through
+    ``maybe_merge_call``, which calls ``get_replica_context().merge_call``:
+    None, and an AttributeError, when the caller is in cross-replica context
+    already. While the strategy reports that it needs no merge call,
+    ``maybe_merge_call`` calls the function itself with the strategy, which
+    is what cross-replica context needs (``_use_merge_call``, tensorflow
+    2.21)."""
+    extended = strategy.extended
+    extended._use_merge_call = _no_merge_call
     try:
         yield
     finally:
-        if applied:
-            trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-            trainer.reduce_per_replica = _reduce_per_replica
-            trainer.TensorFlowTrainer._make_function = _make_function
-            keras.optimizers.LossScaleOptimizer.check_finite = _check_finite
+        del extended._use_merge_call
 
 
-def _check_finite(self, grads):
-    finite = _ORIGINALS["check_finite"](self, grads)
-    if not getattr(self.inner_optimizer, "takes_local_steps", False):
-        return finite
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return finite
-    overflowed = context.all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32)
-    )
-    return tf.equal(overflowed, 0.0)
+def optimizer_step(optimizer, distribution, grads, variables, learning_rate) -> None:
+    """One step of a Keras optimizer, taken from cross-replica context.
+
+    Runs what ``Optimizer.apply`` runs after clipping, with the optimizer's
+    own hooks: its weight decay (``_apply_weight_decay``) and its update
+    (``_backend_update_step``, which calls ``update_step`` on each variable
+    through ``extended.update``; Nadam's, for one, also advances a
+    momentum schedule there). `grads` are per-replica values: a different
+    gradient per replica is a local step, an all-reduced one a synchronous
+    step. Keras' gradient all-reduce is skipped because there is no replica
+    context. `variables` are the Keras variables.
+    """
+    with _merge_calls_run_directly(distribution):
+        apply_weight_decay(optimizer, distribution, variables)
+        optimizer._backend_update_step(grads, list(variables), learning_rate)
 
 
-def is_multi_worker(strategy) -> bool:
+def apply_weight_decay(optimizer, distribution, variables) -> None:
+    """The optimizer's weight decay on each replica's own copy.
+
+    Keras' TensorFlow optimizer decays each copy through ``extended.update``
+    and is called from cross-replica context as it is. An override (Muon's
+    separate decay of its Adam-handled variables, or a user's) assigns the
+    variable directly, which in cross-replica context would write replica
+    0's decayed copy into every replica; it runs inside ``extended.update``
+    instead, where reading and assigning the variable reach one replica's
+    copy.
+    """
+    if not _overrides(optimizer, "_apply_weight_decay"):
+        optimizer._apply_weight_decay(list(variables))
+        return
+    for variable in variables:
+        distribution.extended.update(
+            variable.value,
+            lambda _copy, variable=variable: optimizer._apply_weight_decay([variable]),
+            group=False,
+        )
+
+
+def _overrides(optimizer, name: str) -> bool:
+    return getattr(type(optimizer), name) is not getattr(_base_optimizer_class(), name)
+
+
+# ---------------------------------------------------------------------------
+# Keras' TensorFlow trainer, for models compiled with SkipCorrectionOptimizer.
+# ---------------------------------------------------------------------------
+
+
+def _trainer_class():
     from keras.src.backend.tensorflow import trainer
 
-    return trainer._collective_all_reduce_multi_worker(strategy)
+    return trainer.TensorFlowTrainer
+
+
+def _trainer_module():
+    from keras.src.backend.tensorflow import trainer
+
+    return trainer
+
+
+#: Keras' own methods and functions, as they were before any patch.
+_KERAS: dict[str, object] = {}
+#: Whether `apply_keras_fixes` extended the trainer fixes to every model.
+_GLOBAL_FIXES = False
+#: Inside `keras_fixes_removed`: no model or optimizer gets a fix.
+_STOCK = False
+
+
+def _keep_keras_originals() -> None:
+    if not _KERAS:
+        trainer = _trainer_module()
+        _KERAS["_maybe_symbolic_build"] = trainer.TensorFlowTrainer.__dict__[
+            "_maybe_symbolic_build"
+        ]
+        _KERAS["_make_function"] = trainer.TensorFlowTrainer.__dict__["_make_function"]
+        _KERAS["reduce_per_replica"] = trainer.reduce_per_replica
+        _KERAS["check_finite"] = keras.optimizers.LossScaleOptimizer.__dict__[
+            "check_finite"
+        ]
+
+
+def skip_optimizer(optimizer):
+    """The SkipCorrectionOptimizer that `optimizer` is or wraps (in the
+    LossScaleOptimizer Keras adds under ``mixed_float16``), or None."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer if getattr(optimizer, "takes_local_steps", False) else None
+
+
+def install_model_hook() -> None:
+    """Lets the models compiled with a SkipCorrectionOptimizer get their fixes.
+
+    Wraps ``TensorFlowTrainer._maybe_symbolic_build``, the first thing
+    ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch`` do, so
+    that it calls :func:`prepare_model` on a model compiled with a
+    SkipCorrectionOptimizer and goes straight to Keras' own method for every
+    other model (unless :func:`apply_keras_fixes` was called). Called when
+    the first SkipCorrectionOptimizer is created; idempotent.
+    """
+    _keep_keras_originals()
+    cls = _trainer_class()
+    if getattr(cls.__dict__["_maybe_symbolic_build"], "_keras_skip_hook", False):
+        return
+
+    def _maybe_symbolic_build_hook(self, iterator=None, data_batch=None):
+        if skip_optimizer(getattr(self, "optimizer", None)) is not None:
+            prepare_model(self)
+            return self._maybe_symbolic_build(iterator, data_batch)
+        if _GLOBAL_FIXES:
+            return _maybe_symbolic_build(self, iterator, data_batch)
+        return _KERAS["_maybe_symbolic_build"](self, iterator, data_batch)
+
+    _maybe_symbolic_build_hook._keras_skip_hook = True
+    cls._maybe_symbolic_build = _maybe_symbolic_build_hook
+
+
+#: The instance attributes prepare_model sets, in the order it sets them.
+MODEL_FIXES = ("_maybe_symbolic_build", "_make_function", "_get_metrics_result_or_logs")
+
+
+def prepare_model(model: keras.Model) -> None:
+    """Fixes, on this model only, what keras-skip needs of Keras' trainer.
+
+    Set as instance attributes, so other models keep Keras' methods:
+
+    - ``_maybe_symbolic_build``: under ``MultiWorkerMirroredStrategy``,
+      ``fit`` and ``evaluate`` reduce the first batch with
+      ``strategy.reduce("MEAN", ...)`` just to learn its shapes, which fails
+      ("Attempt to convert a value (PerReplica...) with an unsupported
+      type"). This takes the local replica's batch instead.
+    - ``_make_function``: the train and test functions. Under
+      ``MultiWorkerMirroredStrategy`` Keras reduces every step's scalar logs
+      with ``axis=0``, which fails ("Invalid reduction dimension 0 for input
+      with 0 dimensions", tensorflow#72388); these are reduced with
+      ``axis=None``. With ``steps_per_execution > 1`` on more than one
+      replica, Keras calls the step inside a ``tf.cond`` in its
+      ``tf.while_loop``, which fails at run time ("You must feed a value for
+      placeholder tensor .../while/cond/Placeholder", keras-team/keras#19246);
+      the same loop runs without that redundant ``tf.cond``
+      (``unrolled_steps_per_execution`` is not used on this path).
+    - ``_get_metrics_result_or_logs``: ``fit`` calls it right after an
+      epoch's last batch, before validation and before any callback's
+      ``on_epoch_end``, whatever ended the epoch (its last step, the input
+      running out, ``stop_training``). The replicas are averaged there, so
+      that every callback sees the averaged model whatever the order of the
+      callbacks list. ``evaluate`` calls it at its end, where nothing is
+      pending and the average costs one read.
+    - A ``LossScaleOptimizer`` around the SkipCorrectionOptimizer gets
+      :func:`agree_on_finite_gradients`.
+
+    Idempotent. A train or test function made before by Keras' own method
+    is made again.
+    """
+    _keep_keras_originals()
+    if _STOCK or getattr(model, "_keras_skip_prepared", False):
+        return
+    fixes = {
+        "_maybe_symbolic_build": types.MethodType(_maybe_symbolic_build, model),
+        "_make_function": types.MethodType(_make_function, model),
+        "_get_metrics_result_or_logs": types.MethodType(
+            _get_metrics_result_or_logs, model
+        ),
+        "_keras_skip_prepared": True,
+    }
+    # Plain attributes: Keras' and TensorFlow's tracking is not for methods.
+    for name, value in fixes.items():
+        object.__setattr__(model, name, value)
+    if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        agree_on_finite_gradients(model.optimizer)
+    if getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
+    if getattr(model, "test_function", None) is not None:
+        model.make_test_function(force=True)
 
 
 def _maybe_symbolic_build(self, iterator=None, data_batch=None):
     if iterator is None or not is_multi_worker(self.distribute_strategy):
-        return _ORIGINALS["_maybe_symbolic_build"](self, iterator, data_batch)
+        return _KERAS["_maybe_symbolic_build"](self, iterator, data_batch)
     from keras.src import tree
 
     strategy = self.distribute_strategy
@@ -174,9 +390,20 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         self._symbolic_build(data_batch=data_batch)
 
 
+def _get_metrics_result_or_logs(self, logs):
+    optimizer = skip_optimizer(getattr(self, "optimizer", None))
+    if optimizer is not None:
+        optimizer.average()
+    return type(self)._get_metrics_result_or_logs(self, logs)
+
+
+def is_multi_worker(strategy) -> bool:
+    return _trainer_module()._collective_all_reduce_multi_worker(strategy)
+
+
 def _reduce_per_replica(values, strategy, reduction):
     if reduction not in ("auto", "mean") or not is_multi_worker(strategy):
-        return _ORIGINALS["reduce_per_replica"](values, strategy, reduction)
+        return _KERAS["reduce_per_replica"](values, strategy, reduction)
     from keras.src import tree
 
     def reduce(value):
@@ -192,20 +419,17 @@ def _reduce_per_replica(values, strategy, reduction):
 
 
 def _make_function(self, step_function):
-    if (
-        self.steps_per_execution == 1
-        or self.distribute_strategy.num_replicas_in_sync == 1
-    ):
-        return _ORIGINALS["_make_function"](self, step_function)
-    from keras.src.backend.tensorflow import trainer
-
     strategy = self.distribute_strategy
     steps_per_execution = self.steps_per_execution
+    if strategy.num_replicas_in_sync == 1 or (
+        steps_per_execution == 1 and not is_multi_worker(strategy)
+    ):
+        return _KERAS["_make_function"](self, step_function)
 
     @tf.autograph.experimental.do_not_convert
     def one_step_on_data(data):
         outputs = strategy.run(step_function, args=(data,))
-        return trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+        return _reduce_per_replica(outputs, strategy, reduction="auto")
 
     if not self.run_eagerly:
         one_step_on_data = tf.function(
@@ -215,6 +439,10 @@ def _make_function(self, step_function):
 
     @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):
+        if steps_per_execution == 1:
+            return tf.experimental.Optional.from_value(
+                one_step_on_data(iterator.get_next())
+            )
         empty_outputs = tf.experimental.Optional.empty(None)
 
         def condition(step, outputs, next_inputs):
@@ -259,6 +487,118 @@ def _make_function(self, step_function):
         return outputs
 
     return function
+
+
+# ---------------------------------------------------------------------------
+# Mixed precision: one verdict on finite gradients for every replica.
+# ---------------------------------------------------------------------------
+
+
+def agree_on_finite_gradients(loss_scale) -> None:
+    """Makes a ``LossScaleOptimizer`` around a SkipCorrectionOptimizer skip a
+    step on every replica when any replica's gradients overflowed.
+
+    Keras decides from replica 0's gradients alone, "since grads is
+    all-reduced" (``LossScaleOptimizer._tf_apply``, keras 3.15). Local steps
+    are not all-reduced: a replica with an overflow would apply it, and
+    workers could disagree on whether to step, so one would wait in an
+    average the others skip. The verdict is all-reduced (one float per
+    step). Set on this instance only; idempotent.
+    """
+    _keep_keras_originals()
+    if _STOCK or skip_optimizer(loss_scale) is None:
+        return
+    object.__setattr__(
+        loss_scale, "check_finite", types.MethodType(_check_finite, loss_scale)
+    )
+
+
+def _check_finite(self, grads):
+    finite = _KERAS["check_finite"](self, grads)
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return finite
+    overflowed = context.all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32)
+    )
+    return tf.equal(overflowed, 0.0)
+
+
+# ---------------------------------------------------------------------------
+# The explicit opt-in for every model.
+# ---------------------------------------------------------------------------
+
+
+def apply_keras_fixes() -> list[str]:
+    """Extends the trainer fixes to every model of the process.
+
+    Models compiled with a `SkipCorrectionOptimizer` get the fixes on their
+    own (see :func:`prepare_model`); nothing else changes unless this is
+    called. Call it to train a plain Keras optimizer under
+    ``MultiWorkerMirroredStrategy`` (the synchronous baseline of the
+    benchmark), or with ``steps_per_execution > 1`` on several replicas,
+    where stock Keras 3.15 fails:
+
+    - ``symbolic_build``: ``fit`` and ``evaluate`` under
+      ``MultiWorkerMirroredStrategy`` learn the first batch's shapes from
+      the local replica's batch instead of a cross-worker reduction that
+      fails.
+    - ``scalar_logs``: under ``MultiWorkerMirroredStrategy`` scalar logs
+      are reduced without an axis (tensorflow#72388).
+    - ``steps_per_execution``: the loop of ``steps_per_execution > 1``
+      runs without the redundant ``tf.cond`` that fails on several
+      replicas (keras-team/keras#19246).
+
+    Each changes behaviour only where stock Keras raises. Idempotent.
+    Returns the names of the fixes in force.
+    """
+    global _GLOBAL_FIXES
+    _keep_keras_originals()
+    install_model_hook()
+    _trainer_class()._make_function = _make_function
+    _GLOBAL_FIXES = True
+    return ["symbolic_build", "scalar_logs", "steps_per_execution"]
+
+
+@contextlib.contextmanager
+def keras_fixes_removed():
+    """Keras' own trainer for the duration of the block: no keras-skip hook,
+    no global fixes, and models and loss-scale optimizers prepared in it get
+    no fix (tests pin upstream bugs with it)."""
+    global _GLOBAL_FIXES, _STOCK
+    _keep_keras_originals()
+    cls = _trainer_class()
+    saved = (
+        cls.__dict__["_maybe_symbolic_build"],
+        cls.__dict__["_make_function"],
+        _GLOBAL_FIXES,
+    )
+    cls._maybe_symbolic_build = _KERAS["_maybe_symbolic_build"]
+    cls._make_function = _KERAS["_make_function"]
+    _GLOBAL_FIXES, _STOCK = False, True
+    try:
+        yield
+    finally:
+        cls._maybe_symbolic_build, cls._make_function, _GLOBAL_FIXES = saved
+        _STOCK = False
+
+
+def keras_functions() -> dict[str, object]:
+    """Keras' trainer functions as they are now (tests compare them with
+    Keras' own)."""
+    trainer = _trainer_module()
+    return {
+        "TensorFlowTrainer._maybe_symbolic_build": trainer.TensorFlowTrainer.__dict__[
+            "_maybe_symbolic_build"
+        ],
+        "TensorFlowTrainer._make_function": trainer.TensorFlowTrainer.__dict__[
+            "_make_function"
+        ],
+        "reduce_per_replica": trainer.reduce_per_replica,
+        "LossScaleOptimizer.check_finite": keras.optimizers.LossScaleOptimizer.__dict__[
+            "check_finite"
+        ],
+    }
 
 
 # ---------------------------------------------------------------------------

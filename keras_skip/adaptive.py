@@ -233,7 +233,9 @@ def choose_interval(
     run exactly ``steps`` training steps of your loop (it is called three
     times, once per round of :class:`IntervalProbe`, or six times when
     ``steps`` is 1); the steps are real training. Fewer or more raise a
-    ValueError, decide nothing and leave the interval at 1. If the
+    ValueError, decide nothing and give the optimizer back the interval it
+    had before the call (any exception in ``run_local_steps`` does the
+    same). If the
     optimizer already holds a decision (restored from a checkpoint), it is
     returned and nothing runs.
 

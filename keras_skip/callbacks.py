@@ -8,12 +8,11 @@ import os
 import pathlib
 import shutil
 import tempfile
-import warnings
 
 import keras
 import numpy as np
 
-from keras_skip import _checks, _version, adaptive, multi_worker
+from keras_skip import _checks, _compat, _version, adaptive, multi_worker
 from keras_skip.optimizer import SkipCorrectionOptimizer
 
 
@@ -31,13 +30,15 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     Between two averages every replica holds its own weights; Keras reads
     replica 0's copy when it validates, saves or returns the model. This
     callback averages the replicas at each epoch boundary (after the epoch's
-    last step, before validation and before any callback's `on_epoch_end`)
-    and at the end of training, so that validation, `ModelCheckpoint`,
-    `BackupAndRestore`, `EarlyStopping` and the model after `fit` all see the
-    averaged model. It also includes the model's BatchNorm statistics in the
-    averages. With several workers it checks, before the first step, that
-    every worker runs the same keras-skip configuration (a mismatch would
-    deadlock a collective) and raises the same clear error on each if not.
+    last step, before validation and before any callback's `on_epoch_end`,
+    wherever this callback is in the list, and also when the input ran out
+    or `stop_training` ended the epoch early) and at the end of training, so
+    that validation, `ModelCheckpoint`, `BackupAndRestore`, `EarlyStopping`
+    and the model after `fit` all see the averaged model. It also includes
+    the model's BatchNorm statistics in the averages. With several workers
+    it checks, before the first step, that every worker runs the same
+    keras-skip configuration (a mismatch would deadlock a collective) and
+    raises the same clear error on each if not.
 
     A checkpoint written at a batch inside an epoch (`save_freq=<int>`)
     holds replica 0's weights, not their average; use epoch-level saves.
@@ -52,8 +53,9 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     `averages` (averages performed), `bytes_sent` (bytes each replica put
     into all-reduces, see `SkipCorrectionOptimizer.bytes_sent`) and, with
     `measure_drift=True`, `drift` (the mean over the epoch's averages of
-    `mean_i ||x_i - x_bar||`; 0 when none took place). List this callback
-    before `TensorBoard` and `CSVLogger`: callbacks see the logs in order.
+    `mean_i ||x_i - x_bar||`; 0 when none took place). The telemetry is
+    added in this callback's `on_epoch_end`: list it before `TensorBoard`
+    and `CSVLogger`, which see the logs in order.
 
     Example:
 
@@ -93,6 +95,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._optimizer = optimizer = self.optimizer
+        _compat.prepare_model(self.model)
         optimizer.attach(self.model)
         multi_worker.check_same_configuration(
             optimizer._distribution_strategy,
@@ -130,14 +133,13 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             and interval > 1
             and steps <= interval
         ):
-            warnings.warn(
+            _checks.warn_at_caller(
                 f"SkipCorrectionOptimizer(overlap=True) has no effect at "
                 f"interval={interval} with epochs of {steps} steps: every "
                 "average is the epoch-boundary average, which is never "
                 "overlapped, and the overlapped average's code only lengthens "
                 "the first epoch's tracing. Use an interval shorter than the "
-                "epoch, or overlap=False.",
-                stacklevel=2,
+                "epoch, or overlap=False."
             )
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -373,13 +375,12 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         probe.cancel()
         self._finish_probe()
         self._gave_up = True
-        warnings.warn(
+        _checks.warn_at_caller(
             "AdaptiveIntervalCallback could not time three undisturbed rounds "
             f"of {probe.round_steps} local steps: epoch boundaries or short "
             f"executions broke {probe.restarts} of them. It keeps interval 1 "
             "for this run and decides nothing. Use epochs of more steps, or "
-            "set the interval yourself.",
-            stacklevel=2,
+            "set the interval yourself."
         )
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -418,7 +419,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     when a restarted job calls `fit` again, like the Keras callback, with
     three differences that matter under `MultiWorkerMirroredStrategy`:
 
-    - every worker writes its own subdirectory, `<backup_dir>/worker-<i>`
+    - every worker writes its own subdirectory, `<backup_dir>/worker-<i>`,
+      with `i` its index among the workers, a chief task being worker 0
       (the Keras callback has no notion of a chief, so workers sharing one
       directory overwrite each other's files);
     - every backup is written to a temporary directory and renamed into

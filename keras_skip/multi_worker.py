@@ -71,12 +71,39 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
 
 
 def worker_index(strategy: tf.distribute.Strategy) -> int:
-    """This process's index among the workers (0 with a single worker)."""
+    """This process's index among the workers, from 0 to `num_workers` - 1.
+
+    Distinct on every process that trains: without a ``chief`` job it is the
+    task's index in the ``worker`` job; with one the chief is 0 and
+    ``worker`` task ``i`` is ``i + 1``. This is TensorFlow's own numbering
+    (``id_in_cluster``), the order of the workers' replicas in a collective.
+    0 with a single worker. An ``evaluator`` task does not train with the
+    workers; TensorFlow numbers it in its own partition, by its task index.
+    """
     if num_workers(strategy) == 1:
         return 0
-    resolver = getattr(strategy, "cluster_resolver", None)
-    task_id = getattr(resolver, "task_id", None)
-    return int(task_id or 0)
+    return _index_in_cluster(strategy.cluster_resolver)
+
+
+def _index_in_cluster(
+    resolver: tf.distribute.cluster_resolver.ClusterResolver,
+) -> int:
+    # The rule of tensorflow.python.distribute.multi_worker_util.id_in_cluster
+    # (tensorflow 2.21), on public APIs: the task ids of the "chief" and the
+    # "worker" job both start at 0.
+    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    if task_type == "chief":
+        return 0
+    if task_type == "worker":
+        cluster = resolver.cluster_spec()
+        chiefs = cluster.num_tasks("chief") if "chief" in cluster.jobs else 0
+        return chiefs + task_id
+    if task_type == "evaluator":
+        return task_id
+    raise ValueError(
+        "Only 'chief', 'worker' and 'evaluator' tasks have a worker index. "
+        f"Received: task_type={task_type!r}"
+    )
 
 
 #: Values per all-reduce of `gather`: every call reuses one traced function.

@@ -14,7 +14,7 @@ from tensorflow.python.distribute import values as _tf_values
 
 from keras_skip import _checks, _compat, _replica_state, maths
 
-_compat.apply_keras_fixes()
+_compat.check_versions()
 
 _REPLICAS_KEY = "{index}@replicas"
 
@@ -51,6 +51,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     warm-up steps are ordinary synchronous steps (gradient all-reduce, one
     inner step), for every inner optimizer.
 
+    Averages and the outer step cover the variables the steps update.
+    Variables without a gradient (a weight a layer does not use, the layers
+    frozen before the model was compiled again) are left out: they never
+    move, as with the optimizer alone.
+
     Under a `tf.distribute` strategy with more than one replica, pass
     `keras_skip.SkipCorrectionCallback()` (or `AdaptiveIntervalCallback`) to
     `fit`: it averages the replicas at each epoch boundary, so validation,
@@ -59,8 +64,20 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` to wrap (SGD, Adam,
-            AdamW, ...). A new, unbuilt instance, created under the same
-            strategy scope as the model. A `keras.optimizers.LossScaleOptimizer`
+            AdamW, Nadam, Muon, ... or your own subclass). A new, unbuilt
+            instance, created under the same strategy scope as the model.
+            Each step runs the optimizer's own gradient clipping
+            (`clipnorm`, `global_clipnorm`, `clipvalue`), weight decay
+            (`_apply_weight_decay`) and update (`_backend_update_step`,
+            `update_step`), so on one replica, at any interval, it trains
+            exactly like the optimizer alone, and at `interval=1` exactly
+            like stock synchronous training. Refused with a clear error:
+            optimizers that override `apply`, `apply_gradients` or
+            `_backend_apply_gradients` (such as `MultiOptimizer`), which
+            local steps would bypass; `gradient_accumulation_steps`;
+            `use_ema`; and `ScheduleFreeAdamW` unless
+            `optimizer_state="average"` (its state holds a weight-like
+            sequence). A `keras.optimizers.LossScaleOptimizer`
             is moved outside: `SkipCorrectionOptimizer(LossScaleOptimizer(opt),
             ...)` returns `LossScaleOptimizer(SkipCorrectionOptimizer(opt, ...))`
             with the same loss-scale settings, the order Keras itself uses
@@ -73,7 +90,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         optimizer_state: What an average does to the inner optimizer's slots
             (momentum, Adam moments): `"local"` (default) keeps each replica's
             own and sends nothing extra, `"average"` averages them with the
-            weights (more traffic), `"reset"` sets them to zero.
+            weights (more traffic), `"reset"` sets them back to the values
+            they started from (zero for momentum and Adam's moments,
+            `initial_accumulator_value` for Adagrad's accumulators; state
+            that starts from anything else is refused when built).
         warmup_steps: Integer >= 0, default 0. Number of initial steps taken
             synchronously before local steps start.
         outer_optimizer: Optional `keras.optimizers.Optimizer`, default None.
@@ -82,8 +102,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             began minus their average now) is its gradient, and it moves
             `x_start`; for example `keras.optimizers.SGD(0.7, momentum=0.9,
             nesterov=True)`. Its state (momentum) is identical on every
-            replica and saved with the rest. None: the average is the new
-            weights. A new, unbuilt instance, like `inner_optimizer`.
+            replica and saved with the rest. Its own clipping, weight decay
+            and update hooks apply to the pseudo-gradient, as in its
+            `apply`. None: the average is the new weights. A new, unbuilt
+            instance, like `inner_optimizer`.
         compression: None (default), "bfloat16" or "float16". Send each
             average's weights as the replica's update since the period
             began, `x_i - x_start`, in that 16-bit type (half the bytes),
@@ -162,6 +184,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     ):
         _reject_base_arguments(kwargs)
         _check_wrapped_optimizer(inner_optimizer)
+        _check_slot_policy(inner_optimizer, optimizer_state)
         if outer_optimizer is not None:
             _check_wrapped_optimizer(outer_optimizer, "outer_optimizer")
             if outer_optimizer is inner_optimizer:
@@ -181,6 +204,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(self._distribution_strategy)
+        _compat.install_model_hook()
         self.inner_optimizer = inner_optimizer
         self.outer_optimizer = outer_optimizer
         # The wrapper steps the inner optimizer's counter and uses its learning
@@ -214,7 +238,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
         self._attached = False
-        self._average_function = None
+        # The variables the traced steps update (those with a gradient), by
+        # key; replaced by the first step traced after `attach`. Averages and
+        # the outer step cover these only: the others never move.
+        self._stepped: dict[int, keras.Variable] = {}
+        self._stepped_stale = False
+        self._average_functions: dict[tuple[int, ...], object] = {}
+        # Per slot variable (by id), the constant it starts from, for
+        # optimizer_state="reset".
+        self._slot_starts: dict[int, float] = {}
         # While the host overrides the interval variable for a few steps (the
         # adaptive probe's rounds, an epoch's last step), the interval outside
         # them, which `interval` returns and checkpoints save.
@@ -338,12 +370,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         )
 
     def _counters(self) -> tuple[int, int]:
-        """(local steps since the last average, averages performed), read
+        """(local steps since the last average, averages performed), as
+        `local_steps_since_average` and `averages_performed` count them, read
         from the first local copies: the adaptive probe's read between calls,
-        one read operation instead of the mirrored variable's machinery."""
-        return self._local_steps_now(), int(_read(self._averages))
+        a few read operations instead of the mirrored variables' machinery."""
+        carried = int(_read(self._carried)) if self._overlap else 0
+        return self._local_steps_now() + carried, int(_read(self._averages))
 
     def _local_steps_now(self) -> int:
+        """Local steps the interval counts since the last average (without
+        the step an overlapped average ran alongside)."""
         return int(_read(self._local_steps))
 
     def _interval_now(self) -> int:
@@ -447,9 +483,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 )
         self._group = _replicas_per_group(self._group_size, strategy)
         super().build(var_list)
-        self.inner_optimizer.build(var_list)
+        _compat.build_tracked(self.inner_optimizer, var_list)
+        if self._optimizer_state == "reset" and strategy.num_replicas_in_sync > 1:
+            self._slot_starts = self._constant_slot_starts()
         if self.outer_optimizer is not None:
-            self.outer_optimizer.build(var_list)
+            _compat.build_tracked(self.outer_optimizer, var_list)
         if self.outer_optimizer is not None or self._compression:
             # The weights when the current period began (identical on all
             # replicas; see _record_period_start).
@@ -530,6 +568,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
         self._model_state = [v.value for v in _compat.averaged_model_state(model)]
         self._attached = True
+        # A recompiled model may train other variables (layers frozen or
+        # unfrozen): the next traced step says which.
+        self._stepped_stale = True
+        loss_scale = getattr(model, "optimizer", None)
+        if isinstance(loss_scale, keras.optimizers.LossScaleOptimizer):
+            _compat.agree_on_finite_gradients(loss_scale)
 
     # ------------------------------------------------------------------
     # The step.
@@ -555,28 +599,48 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 "once before training and `optimizer.average()` before "
                 "evaluating or saving."
             )
+        variables = list(trainable_variables)
+        self._note_stepped(variables)
         inner = self.inner_optimizer
         if inner.loss_scale_factor is not None:
             grads = [g / inner.loss_scale_factor for g in grads]
         # Keras scales each replica's loss by 1/n so that a SUM all-reduce is
         # a mean; a local step uses the replica's own, unscaled gradient.
-        sync_grads = inner._clip_gradients(grads)
+        sync_grads = _compat.clip_gradients(inner, grads)
         local_grads = (
-            inner._clip_gradients([_scale(g, n) for g in grads])
+            _compat.clip_gradients(inner, [_scale(g, n) for g in grads])
             if n > 1
             else sync_grads
         )
-        variables = [_tf_variable(v) for v in trainable_variables]
         replica_context.merge_call(
-            self._distributed_step,
-            args=(sync_grads, local_grads, variables, inner.learning_rate),
+            lambda distribution, sync_grads, local_grads, lr: self._distributed_step(
+                distribution, sync_grads, local_grads, variables, lr
+            ),
+            args=(sync_grads, local_grads, inner.learning_rate),
         )
+
+    def _note_stepped(self, variables) -> None:
+        """Records, while a step is traced, the variables it updates."""
+        if self._stepped_stale:
+            self._stepped = {}
+            self._stepped_stale = False
+        for v in variables:
+            self._stepped.setdefault(self._var_key(v), v)
+
+    def _stepped_variables(self) -> list:
+        """The variables the steps update, in the optimizer's order; all of
+        them before any step was traced."""
+        if not self._stepped:
+            return list(self._trainable_variables)
+        return sorted(self._stepped.values(), key=self._get_variable_index)
 
     def _distributed_step(self, distribution, sync_grads, local_grads, variables, lr):
         # Runs in cross-replica context: a `tf.cond` whose branches
         # communicate must live here, never in replica context.
         n = distribution.num_replicas_in_sync
         extended = distribution.extended
+        inner = self.inner_optimizer
+        tf_variables = [_tf_variable(v) for v in variables]
 
         def synchronous_step():
             self._average_if_pending(distribution, include_slots=True)
@@ -584,29 +648,30 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             if n > 1:
                 grads = extended.batch_reduce_to(
                     tf.distribute.ReduceOp.SUM,
-                    list(zip(sync_grads, variables, strict=True)),
+                    list(zip(sync_grads, tf_variables, strict=True)),
                 )
-            for g, v in zip(grads, variables, strict=True):
-                extended.update(v, self._inner_update, args=(g, lr), group=False)
+            _compat.optimizer_step(inner, distribution, grads, variables, lr)
             self._synchronous.value.assign_add(1)
             if n > 1:
-                self._bytes.value.assign_add(_bytes(variables))
+                self._bytes.value.assign_add(_bytes(tf_variables))
             return tf.constant(False)
 
         def local_step():
             if self.outer_optimizer is not None or self._compression:
-                self._record_period_start(distribution, variables)
+                self._record_period_start(distribution, tf_variables)
             sent = (
                 self._send_snapshot(distribution) if self._overlap and n > 1 else None
             )
             grads = local_grads
             if self._group > 1:
                 grads = _group_means(distribution, local_grads, self._group)
-            for g, v in zip(grads, variables, strict=True):
-                c = self._corrections[self._get_variable_index(v)] if n > 1 else None
-                extended.update(
-                    v, self._local_update, args=(g, lr, _tf_variable(c)), group=False
-                )
+            _compat.optimizer_step(inner, distribution, grads, variables, lr)
+            if n > 1 and self._correction:
+                for v in tf_variables:
+                    c = self._corrections[self._get_variable_index(v)]
+                    extended.update(
+                        v, _add_scaled, args=(_tf_variable(c), lr), group=False
+                    )
             extended.update(
                 self._gamma.value, _add_learning_rate, args=(lr,), group=False
             )
@@ -635,20 +700,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         )
         return tf.cond(is_synchronous, synchronous_step, local_step)
 
-    def _inner_update(self, variable, gradient, lr):
-        _optimizer_update(self.inner_optimizer, variable, gradient, lr)
-
-    def _outer_update(self, variable, start, lr):
-        # `variable` holds the average: the pseudo-gradient moves `start`.
-        pseudo_gradient = start - variable
-        variable.assign(start)
-        _optimizer_update(self.outer_optimizer, variable, pseudo_gradient, lr)
-
-    def _local_update(self, variable, gradient, lr, correction):
-        self._inner_update(variable, gradient, lr)
-        if correction is not None:
-            _add_scaled(variable, correction, lr)
-
     # ------------------------------------------------------------------
     # Averages.
     # ------------------------------------------------------------------
@@ -662,10 +713,42 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             if id(v) not in skip and _is_float(v)
         ]
 
+    def _constant_slot_starts(self) -> dict[int, float]:
+        """For optimizer_state="reset": the constant each slot starts from
+        (0 for momentum, `initial_accumulator_value` for Adagrad's
+        accumulators, 1 for Nadam's momentum schedule), read once, when
+        built. A slot that starts from anything else (the weights) cannot be
+        reset: a ValueError names it."""
+        if tf.inside_function():
+            raise ValueError(
+                "SkipCorrectionOptimizer(optimizer_state='reset') reads the "
+                "values the inner optimizer's state starts from when it is "
+                "built, which must happen eagerly: call "
+                "`optimizer.build(model.trainable_variables)` inside "
+                "`strategy.scope()` before the training loop."
+            )
+        starts = {}
+        for slot in self._slot_variables():
+            with tf.init_scope():
+                value = _first_copy(slot).read_value()
+                low = float(tf.reduce_min(value).numpy())
+                high = float(tf.reduce_max(value).numpy())
+            if low != high:
+                raise ValueError(
+                    "SkipCorrectionOptimizer(optimizer_state='reset') sets the "
+                    "inner optimizer's state back to where it started at every "
+                    f"average, but {type(self.inner_optimizer).__name__}'s "
+                    f"variable '{slot.name}' does not start from a constant "
+                    "(it starts from the weights). Use optimizer_state="
+                    "'average' or 'local'."
+                )
+            starts[id(slot)] = low
+        return starts
+
     def _payload(self, include_slots: bool):
         """``(weights, slots, payload)``: what an average sends is the
         payload, the trainable weights first."""
-        weights = [_tf_variable(v) for v in self._trainable_variables]
+        weights = [_tf_variable(v) for v in self._stepped_variables()]
         slots = self._slot_variables()
         averaged_slots = (
             slots if include_slots or self._optimizer_state == "average" else []
@@ -778,9 +861,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     self._record_drift(
                         distribution, weights, means[: len(weights)], values=own
                     )
-                for i, (v, c) in enumerate(
-                    zip(weights, self._corrections, strict=False)
-                ):
+                for i, v in enumerate(weights):
+                    c = self._corrections[self._get_variable_index(v)]
                     extended.update(
                         v,
                         _assign_with_correction,
@@ -796,11 +878,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 extended.update(v, _assign, args=(mean,), group=False)
             if self._optimizer_state == "reset" and not include_slots:
                 for s in slots:
-                    s.assign(tf.zeros(s.shape, s.dtype))
+                    start = tf.cast(self._slot_starts[id(s)], s.dtype)
+                    s.assign(tf.fill(s.shape, start))
             if sent is None and (include_slots or self._optimizer_state != "local"):
                 self._slots_apart.value.assign(0)
         if self.outer_optimizer is not None:
-            self._outer_step(distribution, moved)
+            self._outer_step(distribution, moved, self._stepped_variables())
         if sent is not None:
             if self.outer_optimizer is not None or self._compression:
                 # The next period starts from the (outer) average.
@@ -913,19 +996,31 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             start = _tf_variable(self._starts[self._get_variable_index(v)])
             distribution.extended.update(start, _assign, args=(v,), group=False)
 
-    def _outer_step(self, distribution, moved):
-        """The outer optimizer's step on ``start - average``, after the
-        average and only if the period had local steps."""
+    def _outer_step(self, distribution, moved, variables):
+        """The outer optimizer's step after the average, if the period had
+        local steps: the variables, which hold the average, go back to where
+        the period started, and the outer optimizer takes one step there with
+        the pseudo-gradient ``start - average``, exactly as its own ``apply``
+        would (clipping, weight decay, its update hooks), minus the gradient
+        all-reduce: every replica holds the same values."""
         outer = self.outer_optimizer
         extended = distribution.extended
 
         def step():
-            lr = tf.convert_to_tensor(outer.learning_rate)
-            for v in self._trainable_variables:
-                start = _tf_variable(self._starts[self._get_variable_index(v)])
-                extended.update(
-                    _tf_variable(v), self._outer_update, args=(start, lr), group=False
-                )
+            starts = [
+                _tf_variable(self._starts[self._get_variable_index(v)])
+                for v in variables
+            ]
+            pseudo_gradients = [
+                s.read_value() - _tf_variable(v).read_value()
+                for v, s in zip(variables, starts, strict=True)
+            ]
+            for v, start in zip(variables, starts, strict=True):
+                extended.update(_tf_variable(v), _assign, args=(start,), group=False)
+            grads = _compat.clip_gradients(outer, pseudo_gradients)
+            _compat.optimizer_step(
+                outer, distribution, grads, variables, outer.learning_rate
+            )
             outer.iterations.value.assign_add(1)
             return tf.constant(True)
 
@@ -993,15 +1088,19 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             return bool(self._eager_average_function()().numpy())
 
     def _eager_average_function(self):
-        """The compiled boundary average, traced on first use (call it inside
-        the strategy scope; tracing it early keeps tracing out of timings)."""
-        if self._average_function is None:
-            self._average_function = tf.function(
+        """The compiled boundary average of the variables the steps update,
+        traced on first use (call it inside the strategy scope; tracing it
+        early keeps tracing out of timings)."""
+        key = tuple(self._var_key(v) for v in self._stepped_variables())
+        function = self._average_functions.get(key)
+        if function is None:
+            function = tf.function(
                 lambda: self._average_if_pending(tf.distribute.get_strategy()),
                 autograph=False,
             )
-            self._average_function.get_concrete_function()
-        return self._average_function
+            function.get_concrete_function()
+            self._average_functions[key] = function
+        return function
 
     def finalize_variable_values(self, var_list):
         self.average()
@@ -1060,8 +1159,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             raise ValueError(
                 f"Cannot load the state of SkipCorrectionOptimizer '{self.name}': "
                 f"it has {len(variables)} variables but the file holds {saved}. "
-                "Was it saved with another inner optimizer, another "
-                "`correction` setting, or before the optimizer was built?"
+                "Was it saved with another inner or outer optimizer, other "
+                "options that keep state (`correction` on or off, "
+                "`compression`, `overlap`, `measure_drift`), or before the "
+                "optimizer was built? Load it into a SkipCorrectionOptimizer "
+                "configured as the one that saved it."
             )
         for i, v in enumerate(variables):
             v.assign(store[str(i)])
@@ -1180,17 +1282,6 @@ def _bytes(variables) -> int:
     return sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def _optimizer_update(optimizer, variable, gradient, lr):
-    """One step of a wrapped Keras optimizer on one variable, with its weight
-    decay (what `Optimizer.apply` does, minus the gradient all-reduce)."""
-    if optimizer.weight_decay is not None and optimizer._use_weight_decay(variable):
-        decay = tf.cast(lr, variable.dtype) * tf.cast(
-            optimizer.weight_decay, variable.dtype
-        )
-        variable.assign_sub(variable * decay)
-    optimizer.update_step(gradient, variable, lr)
-
-
 def _replicas_per_group(group_size, strategy) -> int:
     """Resolves `group_size` against the replicas of this worker."""
     if group_size is None:
@@ -1299,7 +1390,9 @@ def _assign_compressed(
     error.assign(update - sent)
     average = base + tf.cast(mean, variable.dtype)
     if correction is not None:
-        # What this replica sent, not its exact weights: corrections sum to 0.
+        # What this replica sent, not its exact weights: corrections sum to 0
+        # up to the rounding of the mean, which the all-reduce computes in
+        # the wire type.
         correction.assign_add(
             (average - (base + sent)) * tf.cast(scale, variable.dtype)
         )
@@ -1340,6 +1433,22 @@ def _check_correction(value) -> float:
     return float(value)
 
 
+def _check_slot_policy(inner, optimizer_state) -> None:
+    """Refuses slot policies that would break an optimizer whose state holds
+    a weight-like sequence (ScheduleFreeAdamW's `momentum` is its `z`
+    sequence, from which the weights are interpolated): kept local it would
+    never be averaged, and reset it would be zero."""
+    if (
+        isinstance(inner, keras.optimizers.ScheduleFreeAdamW)
+        and optimizer_state != "average"
+    ):
+        raise ValueError(
+            "ScheduleFreeAdamW keeps a weight-like sequence in its state, "
+            "which an average must include: pass optimizer_state='average'. "
+            f"Received: optimizer_state={optimizer_state!r}"
+        )
+
+
 def _check_wrapped_optimizer(inner, label: str = "inner_optimizer") -> None:
     if isinstance(inner, SkipCorrectionOptimizer):
         raise ValueError(
@@ -1362,7 +1471,20 @@ def _check_wrapped_optimizer(inner, label: str = "inner_optimizer") -> None:
             ", which `model.compile` does itself under mixed_float16)."
             f" Received: {label}={inner!r}"
         )
-    if type(inner).update_step is keras.optimizers.Optimizer.update_step:
+    implements_update = (
+        type(inner).update_step is not keras.optimizers.Optimizer.update_step
+    )
+    replaced = _compat.replaced_overrides(inner)
+    if replaced and implements_update:
+        raise TypeError(
+            f"`{label}` overrides {', '.join(f'`{m}`' for m in replaced)}, "
+            "which SkipCorrectionOptimizer replaces with its own local steps "
+            "and averages, so the override would silently not run. Received: "
+            f"{label}={inner!r} of type {type(inner).__name__}. Move the "
+            "logic into `update_step`, `_backend_update_step` or "
+            "`_apply_weight_decay`, which are kept."
+        )
+    if not implements_update:
         raise TypeError(
             f"`{label}` must implement `update_step`, as every "
             "optimizer in keras.optimizers does; wrappers that override "
@@ -1413,7 +1535,7 @@ def _reject_base_arguments(kwargs) -> None:
             "SkipCorrectionOptimizer got unexpected arguments: "
             f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
             "correction, optimizer_state, warmup_steps, outer_optimizer, "
-            "compression, measure_drift, name."
+            "compression, measure_drift, group_size, overlap, name."
         )
 
 

@@ -1,5 +1,6 @@
 """Test set-up: four logical CPU devices, so MirroredStrategy has 4 replicas."""
 
+import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -68,3 +69,24 @@ def strategy4():
 @pytest.fixture
 def strategy2():
     return mirrored(2)
+
+
+@contextlib.contextmanager
+def keras_fixes_for_every_model():
+    """`keras_skip.apply_keras_fixes()` for the duration of the block: plain
+    Keras optimizers under the trainer fixes, as the benchmark's synchronous
+    baseline runs; undone afterwards, so other tests see stock Keras."""
+    from keras.src.backend.tensorflow import trainer
+
+    from keras_skip import _compat
+
+    cls = trainer.TensorFlowTrainer
+    saved = (
+        cls.__dict__["_make_function"],
+        cls.__dict__["_maybe_symbolic_build"],
+        _compat._GLOBAL_FIXES,
+    )
+    try:
+        yield _compat.apply_keras_fixes()
+    finally:
+        cls._make_function, cls._maybe_symbolic_build, _compat._GLOBAL_FIXES = saved

@@ -8,12 +8,13 @@ keras_skip/_compat.py (and its CHECKED_* versions).
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import mirrored
+from conftest import keras_fixes_for_every_model, mirrored
 
 import keras_skip
 from keras_skip import _compat
@@ -46,13 +47,14 @@ def test_stock_keras_still_fails_steps_per_execution_under_mirrored_strategy():
             model.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0)
 
 
-def test_fixed_keras_runs_steps_per_execution_with_stock_optimizers():
-    assert _compat.apply_keras_fixes() == [
-        "symbolic_build",
-        "scalar_logs",
-        "steps_per_execution",
-        "loss_scale_agreement",
-    ]
+@pytest.fixture
+def global_fixes():
+    with keras_fixes_for_every_model() as names:
+        yield names
+
+
+def test_fixed_keras_runs_steps_per_execution_with_stock_optimizers(global_fixes):
+    assert global_fixes == ["symbolic_build", "scalar_logs", "steps_per_execution"]
     x = np.random.default_rng(0).random((70, 3)).astype("float32")
     model = _stock_model(mirrored(2), steps_per_execution=3)
     history = model.fit(
@@ -63,14 +65,126 @@ def test_fixed_keras_runs_steps_per_execution_with_stock_optimizers():
     assert np.isfinite(model.evaluate(x, x.sum(1), verbose=0))
 
 
-def test_fixes_leave_single_replica_training_to_keras():
-    from keras.src.backend.tensorflow import trainer
+def test_skip_models_get_the_fixes_on_their_own_instance():
+    x = np.random.default_rng(0).random((70, 3)).astype("float32")
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(
+                keras.optimizers.SGD(0.1), interval=2
+            ),
+            loss="mse",
+            steps_per_execution=3,
+        )
+    history = model.fit(
+        x,
+        x.sum(1),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[keras_skip.SkipCorrectionCallback()],
+    )
+    assert history.history["loss"][1] < history.history["loss"][0]
+    assert set(_compat.MODEL_FIXES) <= set(vars(model))
+    # A stock model trained next in the same process keeps Keras' methods and
+    # Keras' failure: the fixes are not global.
+    stock = _stock_model(strategy, steps_per_execution=3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?i)placeholder"):
+        stock.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0)
+    assert not set(_compat.MODEL_FIXES) & set(vars(stock))
 
-    model = _stock_model(tf.distribute.get_strategy(), steps_per_execution=4)
+
+def test_single_replica_skip_models_train_with_keras_own_functions():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(
+        optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.1)),
+        loss="mse",
+        steps_per_execution=4,
+    )
     x = np.random.default_rng(0).random((64, 3)).astype("float32")
     model.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0)
-    assert trainer.TensorFlowTrainer._make_function is _compat._make_function
+    assert int(model.optimizer.iterations.numpy()) == 8
     assert not _compat.is_multi_worker(tf.distribute.get_strategy())
+
+
+_UNCHANGED_SCRIPT = """
+import os
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import keras
+import numpy as np
+from keras.src.backend.tensorflow import trainer
+
+def functions():
+    cls = trainer.TensorFlowTrainer
+    optimizer = keras.optimizers.Optimizer
+    return {
+        "_maybe_symbolic_build": cls.__dict__["_maybe_symbolic_build"],
+        "_make_function": cls.__dict__["_make_function"],
+        "reduce_per_replica": trainer.reduce_per_replica,
+        "check_finite": keras.optimizers.LossScaleOptimizer.__dict__["check_finite"],
+        "_get_metrics_result_or_logs": keras.Model._get_metrics_result_or_logs,
+        "_backend_update_step": optimizer._backend_update_step,
+        "_apply_weight_decay": optimizer._apply_weight_decay,
+    }
+
+before = functions()
+import keras_skip
+import keras_skip.adaptive, keras_skip.callbacks, keras_skip.optimizer
+keras_skip.SkipCorrectionCallback, keras_skip.AdaptiveIntervalCallback
+assert functions() == before, "changed by import"
+keras.mixed_precision.set_global_policy("mixed_float16")
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+x = np.random.default_rng(0).random((32, 3)).astype("float32")
+model.fit(x, x.sum(1), epochs=1, verbose=0)
+model.evaluate(x, x.sum(1), verbose=0)
+assert functions() == before, "changed by stock training"
+assert "check_finite" not in vars(model.optimizer)
+print("unchanged")
+"""
+
+
+def test_import_and_stock_training_leave_keras_unchanged():
+    """`import keras_skip` (and loading all its classes) changes no Keras
+    function, nor does training a stock model afterwards."""
+    result = subprocess.run(
+        [sys.executable, "-c", _UNCHANGED_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "unchanged"
+
+
+def test_untested_versions_are_named():
+    checked = (_compat.CHECKED_KERAS, _compat.CHECKED_TENSORFLOW)
+    assert _compat.untested_versions(*checked) == []
+    oldest = (_compat.OLDEST_KERAS, _compat.OLDEST_TENSORFLOW)
+    assert _compat.untested_versions(*oldest) == []
+    major, minor = _compat._minor(_compat.CHECKED_KERAS)
+    # A patch release of a tested minor release is in the range.
+    patch = f"{major}.{minor}.99"
+    assert _compat.untested_versions(patch, _compat.CHECKED_TENSORFLOW) == []
+    newer = f"{major}.{minor + 1}.0"
+    [message] = _compat.untested_versions(newer, _compat.CHECKED_TENSORFLOW)
+    assert message.startswith(f"Keras {newer} (tested: ")
+    major, minor = _compat._minor(_compat.OLDEST_TENSORFLOW)
+    older = f"{major}.{minor - 1}.0"
+    [message] = _compat.untested_versions(_compat.CHECKED_KERAS, older)
+    assert message.startswith(f"TensorFlow {older} (tested: ")
+
+
+def test_an_untested_version_warns_at_the_caller(monkeypatch):
+    monkeypatch.setattr(keras, "__version__", "3.99.0")
+    with pytest.warns(RuntimeWarning, match=r"Keras 3\.99\.0 \(tested: ") as caught:
+        _compat.check_versions()
+    assert caught[0].filename == __file__
+    monkeypatch.setattr(keras, "__version__", _compat.CHECKED_KERAS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compat.check_versions()
 
 
 def test_separate_strategies_still_collide_without_isolated_keys():

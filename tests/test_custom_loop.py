@@ -396,6 +396,20 @@ def test_choose_interval_gives_the_interval_back_when_a_round_raises():
     assert optimizer.synchronous_steps == synchronous + 1
 
 
+def test_a_failed_choice_gives_back_the_interval_set_before():
+    _, optimizer, step, batches = traced_synchronous_loop()
+    optimizer.interval = 4
+
+    def one_step_too_many():
+        step(next(batches))
+        step(next(batches))
+
+    with pytest.raises(ValueError, match="ran more"):
+        keras_skip.choose_interval(optimizer, one_step_too_many, steps=1)
+    assert optimizer.interval_decision is None
+    assert optimizer.interval == optimizer._interval_now() == 4
+
+
 def test_interval_set_during_an_override_applies_when_it_ends():
     _, optimizer, _, _ = traced_synchronous_loop()
     optimizer.interval = 4

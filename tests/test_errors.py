@@ -199,3 +199,118 @@ def test_public_names():
     }
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         keras_skip.Nope  # noqa: B018
+
+
+def test_unknown_arguments_list_every_allowed_argument():
+    with pytest.raises(TypeError) as raised:
+        SkipCorrectionOptimizer(sgd(), period=4)
+    allowed = str(raised.value).split("Allowed: ")[1].rstrip(".").split(", ")
+    import inspect
+
+    parameters = inspect.signature(SkipCorrectionOptimizer.__init__).parameters
+    assert set(allowed) == set(parameters) - {"self", "kwargs"}
+
+
+class ApplyOverride(keras.optimizers.SGD):
+    """An optimizer whose own `apply` would be bypassed by local steps."""
+
+    def apply(self, grads, trainable_variables=None):
+        return super().apply(grads, trainable_variables)
+
+
+class GradientsOverride(keras.optimizers.SGD):
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
+
+@pytest.mark.parametrize(
+    "inner, method",
+    [
+        (ApplyOverride(0.1), "apply"),
+        (GradientsOverride(0.1), "_backend_apply_gradients"),
+    ],
+)
+def test_optimizers_overriding_what_the_wrapper_replaces_are_refused(inner, method):
+    with pytest.raises(
+        TypeError, match=rf"overrides `{method}`.*would silently not run"
+    ):
+        SkipCorrectionOptimizer(inner)
+    with pytest.raises(TypeError, match=rf"`outer_optimizer` overrides `{method}`"):
+        SkipCorrectionOptimizer(sgd(), outer_optimizer=type(inner)(0.1))
+
+
+def test_multi_optimizer_is_refused_naming_it():
+    multi = keras.optimizers.MultiOptimizer(sgd())
+    with pytest.raises(
+        TypeError, match=r"must implement `update_step`.*MultiOptimizer"
+    ):
+        SkipCorrectionOptimizer(multi)
+
+
+@pytest.mark.parametrize("policy", ["local", "reset"])
+def test_schedule_free_needs_averaged_state(policy):
+    with pytest.raises(
+        ValueError, match=rf"ScheduleFreeAdamW.*optimizer_state='average'.*{policy!r}"
+    ):
+        SkipCorrectionOptimizer(
+            keras.optimizers.ScheduleFreeAdamW(), optimizer_state=policy
+        )
+    assert SkipCorrectionOptimizer(
+        keras.optimizers.ScheduleFreeAdamW(), optimizer_state="average"
+    )
+
+
+class WeightStart(keras.optimizers.Optimizer):
+    """A user optimizer whose state starts from the weights."""
+
+    def build(self, variables):
+        super().build(variables)
+        self.anchors = [
+            self.add_variable_from_reference(v, name="anchor") for v in variables
+        ]
+        for anchor, v in zip(self.anchors, variables, strict=True):
+            anchor.assign(v)
+
+    def update_step(self, gradient, variable, learning_rate):
+        variable.assign_sub(learning_rate * gradient)
+
+
+def test_reset_of_state_that_does_not_start_from_a_constant_is_refused():
+    optimizer = SkipCorrectionOptimizer(
+        WeightStart(learning_rate=0.1), optimizer_state="reset"
+    )
+    variable = keras.Variable(np.arange(3.0, dtype="float32"))
+    with pytest.raises(ValueError, match=r"WeightStart's variable '.*anchor.*' does"):
+        optimizer.build([variable])
+
+
+def test_load_mismatch_names_every_option_that_keeps_state(tmp_path):
+    def model(**options):
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        m.compile(optimizer=SkipCorrectionOptimizer(sgd(), **options), loss="mse")
+        m.optimizer.build(m.trainable_variables)
+        return m
+
+    model(compression="bfloat16").save_weights(tmp_path / "w.weights.h5")
+    with pytest.raises(ValueError, match=r"`compression`, `overlap`, `measure_drift`"):
+        model().load_weights(tmp_path / "w.weights.h5")
+
+
+def test_reset_needs_the_optimizer_built_eagerly():
+    strategy = mirrored(2)
+    with strategy.scope():
+        variable = keras.Variable(np.ones(3, dtype="float32"))
+        optimizer = SkipCorrectionOptimizer(
+            keras.optimizers.SGD(0.1, momentum=0.9), optimizer_state="reset"
+        )
+
+    @tf.function
+    def build():
+        optimizer.build([variable])
+
+    with (
+        strategy.scope(),
+        pytest.raises(ValueError, match=r"built, which must happen eagerly"),
+    ):
+        build()

@@ -4,14 +4,16 @@ Every test bounds its workers' time and the launcher kills every process it
 started, also when a test fails.
 """
 
+import contextlib
 import json
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import components, mirrored
+from conftest import components, keras_fixes_for_every_model, mirrored
 from workers import fit_worker
 
 from keras_skip.bench import launcher
@@ -19,7 +21,10 @@ from keras_skip.bench import launcher
 WORKER = [sys.executable, fit_worker.__file__]
 
 
-def run_workers(tmp_path, n, timeout=240, kill=None, log_dir=None, **config):
+def run_workers(
+    tmp_path, n, timeout=240, kill=None, log_dir=None, chief=False, **config
+):
+    """`n` fit_worker processes; with `chief`, process 0 is the chief task."""
     config = {**config, "out": str(tmp_path)}
     result = launcher.launch(
         [*WORKER, json.dumps(config)],
@@ -27,6 +32,7 @@ def run_workers(tmp_path, n, timeout=240, kill=None, log_dir=None, **config):
         timeout=timeout,
         kill=kill,
         log_dir=log_dir or tmp_path / "logs",
+        chief=chief,
     )
     return result
 
@@ -56,21 +62,24 @@ def mirrored_reference(n, with_history=False, slots=None, **overrides):
         [keras_skip.SkipCorrectionCallback()] if config["mode"] == "skip" else []
     )
     batch = config["batch_per_replica"] * n
-    if config["dataset"]:
-        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-        history = model.fit(
-            data, epochs=config["epochs"], verbose=0, callbacks=callbacks
-        )
-    else:
-        history = model.fit(
-            x,
-            y,
-            batch_size=batch,
-            epochs=config["epochs"],
-            shuffle=False,
-            verbose=0,
-            callbacks=callbacks,
-        )
+    # A plain optimizer needs the opt-in, as in the workers.
+    stock = config["mode"] == "stock"
+    with keras_fixes_for_every_model() if stock else contextlib.nullcontext():
+        if config["dataset"]:
+            data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+            history = model.fit(
+                data, epochs=config["epochs"], verbose=0, callbacks=callbacks
+            )
+        else:
+            history = model.fit(
+                x,
+                y,
+                batch_size=batch,
+                epochs=config["epochs"],
+                shuffle=False,
+                verbose=0,
+                callbacks=callbacks,
+            )
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     corrections = None
     if config["mode"] == "skip":
@@ -308,6 +317,91 @@ def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path):
         assert got["averages"] == want["averages"]
 
 
+@pytest.mark.slow
+def test_chief_and_worker_back_up_apart_and_resume_exactly(tmp_path):
+    """With a "chief" job, the chief (task 0 of its job) and worker task 0
+    must not share a backup directory: they would overwrite each other's."""
+    config = dict(interval=3, momentum=0.5, epochs=3, peer_timeout=2.0)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    result = run_workers(reference, 2, chief=True, **config)
+    assert result.ok, result.failure_report()
+    expected = outputs(reference, 2)
+
+    backup = tmp_path / "backup"
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    killed = run_workers(
+        attempt,
+        2,
+        chief=True,
+        backup_dir=str(backup),
+        workers={"1": {"pause_epoch": 2, "pause_seconds": 60}},
+        kill=launcher.Kill(worker=1, when="EPOCH 2 BEGIN"),
+        **config,
+    )
+    assert not killed.timed_out and not killed.ok, killed.failure_report()
+    # Each backed epochs 0 and 1 up (epoch-1, epoch-2) in its own directory,
+    # the chief in worker-0.
+    assert sorted(d.name for d in backup.iterdir()) == ["worker-0", "worker-1"]
+    for directory in backup.iterdir():
+        assert sorted(e.name for e in directory.iterdir()) == ["epoch-1", "epoch-2"]
+    assert "BACKUP chief worker-0" in killed.workers[0].log
+    assert "BACKUP worker worker-1" in killed.workers[1].log
+
+    restarted = run_workers(
+        attempt,
+        2,
+        chief=True,
+        backup_dir=str(backup),
+        log_dir=attempt / "logs2",
+        **config,
+    )
+    assert restarted.ok, restarted.failure_report()
+    for worker in restarted.workers:
+        begun = [line for line in worker.log.splitlines() if line.startswith("EPOCH")]
+        assert begun[0] == "EPOCH 2 BEGIN", worker.log[-2000:]
+    results = outputs(attempt, 2)
+    for got, want in zip(results, expected, strict=True):
+        np.testing.assert_array_equal(got["weights"], want["weights"])
+        np.testing.assert_array_equal(got["corrections"], want["corrections"])
+        assert got["iterations"] == want["iterations"]
+        assert got["averages"] == want["averages"]
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        {"chief": ["a:1"], "worker": ["b:1"]},
+        {"chief": ["a:1"], "worker": ["b:1", "c:1", "d:1"]},
+        {"worker": ["a:1", "b:1", "c:1"]},
+    ],
+)
+def test_every_training_task_has_its_own_worker_index(monkeypatch, cluster):
+    from tensorflow.python.distribute import multi_worker_util
+
+    from keras_skip import multi_worker
+
+    spec = tf.train.ClusterSpec(cluster)
+    n = sum(len(addresses) for addresses in cluster.values())
+    # A stand-in for a MultiWorkerMirroredStrategy of n workers, which cannot
+    # be created in this process without its peers.
+    monkeypatch.setattr(multi_worker, "num_workers", lambda strategy: n)
+    indices = []
+    for task_type, addresses in cluster.items():
+        for task_id in range(len(addresses)):
+            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                spec, task_type=task_type, task_id=task_id
+            )
+            index = multi_worker.worker_index(
+                types.SimpleNamespace(cluster_resolver=resolver)
+            )
+            # TensorFlow's numbering, the replica order of the collectives.
+            assert index == multi_worker_util.id_in_cluster(spec, task_type, task_id)
+            indices.append(index)
+    assert sorted(indices) == list(range(n))
+
+
 def test_gather_of_any_length_reuses_one_traced_function():
     from keras_skip import multi_worker
 
@@ -385,3 +479,24 @@ def test_launcher_reports_exit_codes_and_sets_tf_config(tmp_path):
     assert [w.returncode for w in result.workers] == [0, 1]
     assert result.workers[1].log.split() == ["1", "2", "1"]
     assert not result.ok
+
+
+def test_launcher_tf_config_with_a_chief_numbers_the_tasks_like_tensorflow():
+    from tensorflow.python.distribute import multi_worker_util
+
+    addresses = ["h:1", "h:2", "h:3"]
+    for i in range(3):
+        config = json.loads(launcher.tf_config(addresses, i, chief=True))
+        assert config["cluster"] == {"chief": ["h:1"], "worker": ["h:2", "h:3"]}
+        task = config["task"]
+        assert task == (
+            {"type": "chief", "index": 0}
+            if i == 0
+            else {"type": "worker", "index": i - 1}
+        )
+        spec = tf.train.ClusterSpec(config["cluster"])
+        assert multi_worker_util.id_in_cluster(spec, task["type"], task["index"]) == i
+    assert json.loads(launcher.tf_config(addresses, 1)) == {
+        "cluster": {"worker": addresses},
+        "task": {"type": "worker", "index": 1},
+    }

@@ -298,7 +298,7 @@ def test_replicas_keep_their_last_step_until_the_next_average():
         mirrored(REPLICAS), INNERS["sgd"][0], interval=3, correction=1.0, overlap=True
     )
     assert optimizer.averages_performed == 2 * 2  # not 3 per epoch
-    assert optimizer._average_function is None  # in the last step, full
+    assert not optimizer._average_functions  # in the last step, full
     expected = reference(maths.sgd(), interval=3, correction=1.0, overlap=True)
     assert expected.averages == optimizer.averages_performed
     assert_relative(weights_of(model), expected.x)
@@ -317,6 +317,8 @@ def test_custom_loop_average_takes_the_pending_step():
         step(next(batches))
     assert optimizer.averages_performed == 1
     assert optimizer.local_steps_since_average == 1  # the overlapped step
+    # The counters the adaptive probe reads count the same steps.
+    assert optimizer._counters() == (1, 1)
     assert max_replica_spread(model.trainable_variables) > 0
     assert optimizer.average() is True
     assert optimizer.local_steps_since_average == 0
@@ -340,8 +342,13 @@ def test_adaptive_interval_with_overlap_probes_full_averages():
 
 
 def test_an_interval_as_long_as_the_epoch_warns_that_nothing_overlaps():
-    with pytest.warns(UserWarning, match=r"overlap=True\) has no effect at interval=6"):
+    with pytest.warns(
+        UserWarning, match=r"overlap=True\) has no effect at interval=6"
+    ) as caught:
         train_keras(mirrored(REPLICAS), INNERS["sgd"][0], interval=6, overlap=True)
+    # The warning points at the code that called fit, not into keras-skip.
+    [warning] = [w for w in caught if "has no effect" in str(w.message)]
+    assert warning.filename == train_keras.__code__.co_filename
 
 
 def test_overlap_is_saved_in_the_config_and_checked(tmp_path):

@@ -170,6 +170,51 @@ def test_slot_policy_on_replicas(policy):
     assert min(recorder.spreads[0::2]) > 0
 
 
+@pytest.mark.parametrize(
+    "inner, starts",
+    [
+        # Adagrad's accumulators start from initial_accumulator_value.
+        (
+            lambda: keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.3),
+            {np.float32(0.3)},
+        ),
+        # Nadam's momentum schedule starts from 1, its moments from 0.
+        (lambda: keras.optimizers.Nadam(0.01), {0.0, 1.0}),
+    ],
+    ids=["adagrad", "nadam"],
+)
+def test_reset_puts_the_state_back_where_it_started(inner, starts):
+    x, y = classification_data()
+    keras.utils.set_random_seed(0)
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((D,)), keras.layers.Dense(4), keras.layers.Dense(2)]
+        )
+        optimizer = keras_skip.SkipCorrectionOptimizer(
+            inner(), interval=2, optimizer_state="reset"
+        )
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[keras_skip.SkipCorrectionCallback()],
+    )
+    assert optimizer.local_steps_since_average == 0
+    held = {
+        float(c) for s in optimizer._slot_variables() for c in np.ravel(components(s))
+    }
+    assert held == starts
+    assert np.isfinite(model.get_weights()[0]).all()
+
+
 def test_fit_without_the_callback_on_several_replicas_is_a_clear_error():
     x, y = classification_data()
     strategy = mirrored(2)

@@ -18,7 +18,7 @@ def data(seed=0):
     return x, y
 
 
-def new_model(strategy, seed=0, make_outer=None, **skip):
+def new_model(strategy, seed=0, make_outer=None, inner=None, **skip):
     keras.utils.set_random_seed(seed)
     with strategy.scope():
         if make_outer is not None:
@@ -33,7 +33,7 @@ def new_model(strategy, seed=0, make_outer=None, **skip):
         )
         model.compile(
             optimizer=keras_skip.SkipCorrectionOptimizer(
-                keras.optimizers.Adam(0.01), **skip
+                keras.optimizers.Adam(0.01) if inner is None else inner(), **skip
             ),
             loss="mse",
         )
@@ -111,6 +111,35 @@ def test_save_load_continue_equals_uninterrupted_training(tmp_path):
         resumed.optimizer.averages_performed
         == uninterrupted.optimizer.averages_performed
     )
+
+
+def test_nadam_momentum_schedule_is_saved_and_resumed_exactly(tmp_path):
+    """Nadam keeps its momentum schedule in a plain attribute: it must be
+    among the optimizer's variables, or a resumed run restarts it."""
+    uninterrupted = new_model(
+        mirrored(2), interval=3, inner=lambda: keras.optimizers.Nadam(0.01)
+    )
+    fit(uninterrupted, epochs=2)
+    first = new_model(
+        mirrored(2), interval=3, inner=lambda: keras.optimizers.Nadam(0.01)
+    )
+    fit(first, epochs=1)
+    schedule = first.optimizer.inner_optimizer._u_product
+    assert any(v is schedule for v in first.optimizer.variables)
+    assert float(schedule.numpy()) < 1.0
+    first.save_weights(tmp_path / "w.weights.h5")
+    strategy = mirrored(2)
+    resumed = new_model(
+        strategy, interval=3, inner=lambda: keras.optimizers.Nadam(0.01)
+    )
+    with strategy.scope():
+        resumed.optimizer.build(resumed.trainable_variables)
+    resumed.load_weights(tmp_path / "w.weights.h5")
+    assert float(resumed.optimizer.inner_optimizer._u_product.numpy()) == float(
+        schedule.numpy()
+    )
+    fit(resumed, epochs=2, initial_epoch=1)
+    assert_same_state(per_replica_state(uninterrupted), per_replica_state(resumed))
 
 
 def test_counters_gamma_and_interval_survive_mid_interval(tmp_path):

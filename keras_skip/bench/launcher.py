@@ -3,7 +3,8 @@
     python -m keras_skip.bench.launcher -n 2 -- python my_training.py --epochs 3
 
 Every worker gets ``TF_CONFIG`` (a cluster of ``n`` workers on free ports of
-``127.0.0.1``, or of the given hosts), one thread pool of
+``127.0.0.1``, or of the given hosts; with ``--chief`` the first of them is
+the ``chief`` task and the others form the ``worker`` job), one thread pool of
 ``threads_per_worker`` threads, and its own log file. The launcher waits for
 all of them, up to a timeout, and then ends every process it started, also on
 error, timeout or Ctrl-C. The tests, the benchmark and the tutorials use it.
@@ -85,13 +86,27 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def tf_config(addresses: Sequence[str], index: int) -> str:
-    return json.dumps(
-        {
-            "cluster": {"worker": list(addresses)},
-            "task": {"type": "worker", "index": index},
-        }
-    )
+def tf_config(addresses: Sequence[str], index: int, chief: bool = False) -> str:
+    """``TF_CONFIG`` of process ``index`` in a cluster of ``addresses``.
+
+    Without ``chief`` every process is a ``worker`` task. With ``chief`` the
+    first address is the ``chief`` task and process ``i > 0`` is ``worker``
+    task ``i - 1``, so ``index`` is still TensorFlow's index of the process
+    among all the workers (`keras_skip.multi_worker.worker_index`).
+    """
+    if not chief:
+        cluster = {"worker": list(addresses)}
+        task = {"type": "worker", "index": index}
+    else:
+        cluster = {"chief": list(addresses[:1])}
+        if len(addresses) > 1:
+            cluster["worker"] = list(addresses[1:])
+        task = (
+            {"type": "chief", "index": 0}
+            if index == 0
+            else {"type": "worker", "index": index - 1}
+        )
+    return json.dumps({"cluster": cluster, "task": task})
 
 
 def launch(
@@ -106,6 +121,7 @@ def launch(
     wrap: Callable[[int], Sequence[str]] | None = None,
     kill: Kill | None = None,
     on_progress: Callable[[int, str], None] | None = None,
+    chief: bool = False,
 ) -> LaunchResult:
     """Runs ``command`` as ``num_workers`` MultiWorkerMirroredStrategy workers.
 
@@ -128,6 +144,10 @@ def launch(
             ``["ip", "netns", "exec", "ns0"]``.
         kill: Optional fault injection.
         on_progress: Called with ``(worker, line)`` for every new log line.
+        chief: Make worker 0 the ``chief`` task of ``TF_CONFIG`` and the
+            others the ``worker`` job (see :func:`tf_config`). Indices,
+            ``KERAS_SKIP_WORKER`` and log names count all processes from 0
+            either way.
 
     Returns:
         A :class:`LaunchResult` with every worker's exit code and log. Every
@@ -151,7 +171,7 @@ def launch(
     try:
         for i in range(num_workers):
             worker_env = {**os.environ, **(env or {})}
-            worker_env["TF_CONFIG"] = tf_config(addresses, i)
+            worker_env["TF_CONFIG"] = tf_config(addresses, i, chief=chief)
             worker_env["KERAS_SKIP_WORKER"] = str(i)
             worker_env["PYTHONUNBUFFERED"] = "1"
             worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -193,7 +213,9 @@ def launch(
             for i, p in enumerate(processes):
                 if p.poll() is not None and i not in exited_at:
                     exited_at[i] = time.monotonic() - start
-            if all(p.poll() is not None for p in processes):
+            # Counted from `exited_at`, not polled again: a worker that exits
+            # between the two would be left without its exit code.
+            if len(exited_at) == num_workers:
                 break
             if time.monotonic() - start > timeout:
                 timed_out = True
@@ -245,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" not in argv:
         print(
             "usage: python -m keras_skip.bench.launcher [-n N] [--timeout S] "
-            "-- COMMAND ...",
+            "[--chief] -- COMMAND ...",
             file=sys.stderr,
         )
         return 2
@@ -254,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-n", "--num-workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--log-dir")
+    parser.add_argument(
+        "--chief", action="store_true", help="make worker 0 the 'chief' task"
+    )
     args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]
 
@@ -267,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
         log_dir=args.log_dir,
         on_progress=lambda i, line: print(f"[worker {i}] {line}", flush=True),
+        chief=args.chief,
     )
     for w in result.workers:
         print(f"worker {w.index}: exit code {w.returncode}, log {w.log_path}")

@@ -3,7 +3,8 @@
 Run by keras_skip.bench.launcher with TF_CONFIG set. The only argument is a
 JSON configuration (see DEFAULTS); a "workers" entry maps a worker index to
 overrides for that worker. Writes worker-<i>.npz into config["out"] and
-prints marker lines the tests wait for.
+prints marker lines the tests wait for. The index is the launcher's process
+index, KERAS_SKIP_WORKER (with a chief, 0 is the chief).
 """
 
 import hashlib
@@ -187,7 +188,10 @@ def main():
         import keras_skip
         from keras_skip import _compat, _version
 
-        _compat.apply_keras_fixes()
+        if config["mode"] == "stock":
+            # A plain Keras optimizer needs the opt-in; a model compiled with
+            # SkipCorrectionOptimizer gets the fixes on its own.
+            _compat.apply_keras_fixes()
         if config["version"]:
             _version.__version__ = config["version"]
         strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
@@ -223,6 +227,11 @@ def main():
             self.first_step = None
             self.seen = 0  # training batches begun
 
+        def on_train_begin(self, logs=None):
+            if backup is not None:
+                task = strategy.cluster_resolver.task_type
+                print(f"BACKUP {task} {backup._directory.name}", flush=True)
+
         def on_epoch_begin(self, epoch, logs=None):
             print(f"EPOCH {epoch} BEGIN", flush=True)
             if epoch == config["pause_epoch"]:
@@ -243,10 +252,12 @@ def main():
         def on_epoch_end(self, epoch, logs=None):
             print(f"EPOCH {epoch} END {digest()}", flush=True)
 
-    markers = Markers()
     callbacks = []
+    backup = None
     if config["backup_dir"]:
-        callbacks.append(keras_skip.BackupAndRestore(config["backup_dir"]))
+        backup = keras_skip.BackupAndRestore(config["backup_dir"])
+        callbacks.append(backup)
+    markers = Markers()
     adaptive = None
     if config["mode"] == "skip":
         if config["adaptive"]:

@@ -1,0 +1,268 @@
+"""Every combination of options keeps the invariants that must always hold.
+
+Hypothesis draws the inner optimizer, interval, correction, slot policy,
+outer optimizer, compression, overlap, group size, warm-up and
+`steps_per_execution`, and trains the linear model of
+`test_against_reference` on 4 replicas with `model.fit`. For every
+combination:
+
+- weights stay finite;
+- the replicas hold identical weights right after every full average and at
+  every epoch end, seen from a callback listed before
+  `SkipCorrectionCallback`;
+- the corrections sum to zero over the replicas after every average (with
+  compression, up to the rounding of the mean, which the all-reduce computes
+  in the 16-bit wire type);
+- a weight without a gradient never moves;
+- where the NumPy reference (`keras_skip.maths.simulate`) models the
+  combination (SGD, momentum or Adam inside, SGD with Nesterov momentum or
+  nothing outside), the weights agree with it.
+
+A second property trains on one replica, where every drawn combination
+without an outer optimizer or compression must be the inner optimizer alone.
+"""
+
+import keras
+import ml_dtypes
+import numpy as np
+from conftest import components, max_replica_spread, mirrored
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_against_reference import (
+    EPOCHS,
+    GLOBAL_BATCH,
+    REPLICAS,
+    STEPS_PER_EPOCH,
+    D,
+    assert_relative,
+    make_data,
+    reference,
+    start_weights,
+    weights_of,
+)
+
+import keras_skip
+from keras_skip import maths
+
+#: The batch of the one-replica property.
+B_ONE = 8
+
+#: Inner optimizers: (Keras, reference or None, learning rate).
+INNERS = {
+    "sgd": (lambda: keras.optimizers.SGD(0.05), maths.sgd, 0.05),
+    "momentum": (
+        lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+        lambda: maths.sgd(0.9),
+        0.05,
+    ),
+    "adam": (lambda: keras.optimizers.Adam(0.01), maths.adam, 0.01),
+    "nadam": (lambda: keras.optimizers.Nadam(0.01), None, 0.01),
+    "adagrad": (
+        lambda: keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2),
+        None,
+        0.1,
+    ),
+    "rmsprop-centered-clipnorm": (
+        lambda: keras.optimizers.RMSprop(0.01, centered=True, clipnorm=0.5),
+        None,
+        0.01,
+    ),
+    "adamw-global-clipnorm": (
+        lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, global_clipnorm=1.0),
+        None,
+        0.01,
+    ),
+    "lion": (lambda: keras.optimizers.Lion(0.003), None, 0.003),
+}
+
+#: Outer optimizers: (Keras or None, reference or None when not modelled).
+OUTERS = {
+    "none": (None, None),
+    "nesterov": (
+        lambda: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        lambda: maths.sgd(0.9, nesterov=True),
+    ),
+    "adam-clipnorm": (lambda: keras.optimizers.Adam(0.1, clipnorm=0.5), False),
+}
+
+
+class Unused(keras.layers.Layer):
+    """Passes its input through; holds a weight that gets no gradient."""
+
+    def build(self, input_shape):
+        self.idle = self.add_weight(shape=(2,), initializer="ones", name="idle")
+
+    def call(self, x):
+        return x
+
+
+class Invariants(keras.callbacks.Callback):
+    """Listed before SkipCorrectionCallback: checks after every execution
+    and at every epoch end."""
+
+    def __init__(self, compression=None):
+        super().__init__()
+        self.checked_averages = 0
+        wire = np.finfo(np.float32).eps
+        if compression is not None:
+            wire = ml_dtypes.finfo(
+                np.dtype(getattr(ml_dtypes, compression, compression))
+            ).eps
+        self.tolerance = max(1e-5, 8 * float(wire))
+
+    def _optimizer(self):
+        optimizer = self.model.optimizer
+        return getattr(optimizer, "inner_optimizer", optimizer)
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        if optimizer.local_steps_since_average:
+            return  # apart until the next average
+        assert max_replica_spread(self.model.trainable_variables) == 0.0
+        for correction in optimizer._corrections:
+            if correction is None:
+                continue
+            copies = np.stack(components(correction))
+            scale = np.abs(copies).sum(axis=0).max() + 1e-12
+            total = np.abs(copies.sum(axis=0)).max()
+            assert total <= self.tolerance * scale + 1e-7
+        self.checked_averages += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        assert self.model.optimizer.local_steps_since_average == 0
+        assert max_replica_spread(self.model.trainable_variables) == 0.0
+        for v in self.model.weights:
+            assert np.isfinite(components(v)).all(), v.path
+
+
+def train(strategy, make_inner, make_outer, spe, **skip):
+    x, y = make_data()
+    kernel, bias = start_weights()
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((D,)),
+                keras.layers.Dense(
+                    1,
+                    kernel_initializer=keras.initializers.Constant(kernel),
+                    bias_initializer=keras.initializers.Constant(bias),
+                ),
+                Unused(),
+            ]
+        )
+        if make_outer is not None:
+            skip["outer_optimizer"] = make_outer()
+        optimizer = keras_skip.SkipCorrectionOptimizer(make_inner(), **skip)
+        model.compile(optimizer=optimizer, loss="mse", steps_per_execution=spe)
+    invariants = Invariants(skip.get("compression"))
+    model.fit(
+        x.reshape(-1, D).astype("float32"),
+        y.reshape(-1, 1).astype("float32"),
+        batch_size=GLOBAL_BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=[invariants, keras_skip.SkipCorrectionCallback()],
+    )
+    return model, optimizer, invariants
+
+
+options = st.fixed_dictionaries(
+    {
+        "inner": st.sampled_from(sorted(INNERS)),
+        "interval": st.integers(1, 5),
+        "correction": st.sampled_from([0.0, 0.5, 1.0]),
+        "optimizer_state": st.sampled_from(["local", "average", "reset"]),
+        "outer": st.sampled_from(sorted(OUTERS)),
+        "compression": st.sampled_from([None, "bfloat16", "float16"]),
+        "overlap": st.booleans(),
+        "group_size": st.sampled_from([None, 2]),
+        "warmup_steps": st.sampled_from([0, 3]),
+        "steps_per_execution": st.sampled_from([1, 2, 4]),
+    }
+)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(options)
+def test_every_combination_keeps_the_invariants(drawn):
+    drawn = dict(drawn)
+    inner = drawn.pop("inner")
+    outer = drawn.pop("outer")
+    spe = drawn.pop("steps_per_execution")
+    make_inner, reference_inner, lr = INNERS[inner]
+    make_outer, reference_outer = OUTERS[outer]
+    model, optimizer, invariants = train(
+        mirrored(REPLICAS), make_inner, make_outer, spe, **drawn
+    )
+    assert invariants.checked_averages > 0
+    assert optimizer.iterations.numpy() == STEPS_PER_EPOCH * EPOCHS
+    np.testing.assert_array_equal(components(model.layers[1].idle), np.ones((4, 2)))
+
+    if reference_inner is None or reference_outer is False:
+        return
+    group_size = drawn.pop("group_size") or 1
+    expected = reference(
+        reference_inner(),
+        learning_rate=lr,
+        outer=None if reference_outer is None else reference_outer(),
+        outer_learning_rate=0.7,
+        group_size=group_size,
+        **drawn,
+    )
+    assert optimizer.averages_performed == expected.averages
+    assert_relative(weights_of(model), expected.x, tolerance=1e-4)
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    st.sampled_from(sorted(INNERS)),
+    st.integers(1, 5),
+    st.sampled_from([0.0, 1.0]),
+    st.sampled_from(["local", "average", "reset"]),
+    st.booleans(),
+    st.sampled_from([0, 3]),
+    st.sampled_from([1, 3]),
+)
+def test_one_replica_is_the_inner_optimizer_alone(
+    inner, interval, correction, policy, overlap, warmup, spe
+):
+    make_inner, _, _ = INNERS[inner]
+    x, y = make_data()
+    xs, ys = x.reshape(-1, D).astype("float32"), y.reshape(-1, 1).astype("float32")
+    kernel, bias = start_weights()
+    results = []
+    for wrap in (False, True):
+        model = keras.Sequential(
+            [
+                keras.Input((D,)),
+                keras.layers.Dense(
+                    1,
+                    kernel_initializer=keras.initializers.Constant(kernel),
+                    bias_initializer=keras.initializers.Constant(bias),
+                ),
+            ]
+        )
+        optimizer = make_inner()
+        if wrap:
+            optimizer = keras_skip.SkipCorrectionOptimizer(
+                optimizer,
+                interval=interval,
+                correction=correction,
+                optimizer_state=policy,
+                overlap=overlap,
+                warmup_steps=warmup,
+            )
+        model.compile(optimizer=optimizer, loss="mse", steps_per_execution=spe)
+        model.fit(xs, ys, batch_size=B_ONE, epochs=EPOCHS, shuffle=False, verbose=0)
+        results.append(model.get_weights())
+    for stock, wrapped in zip(*results, strict=True):
+        np.testing.assert_allclose(wrapped, stock, rtol=1e-6, atol=1e-7)
