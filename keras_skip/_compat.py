@@ -26,9 +26,10 @@ import tensorflow as tf
 
 CHECKED_KERAS = "3.15.1"
 CHECKED_TENSORFLOW = "2.21.0"
-#: The oldest releases the workarounds were tested with.
-OLDEST_KERAS = "3.15.0"
-OLDEST_TENSORFLOW = "2.21.0"
+#: The oldest releases the workarounds were tested with
+#: (tests/test_oldest_versions.py runs the core of the suite with them).
+OLDEST_KERAS = "3.12.0"
+OLDEST_TENSORFLOW = "2.19.0"
 
 
 # ---------------------------------------------------------------------------

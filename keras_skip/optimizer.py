@@ -1438,10 +1438,8 @@ def _check_slot_policy(inner, optimizer_state) -> None:
     a weight-like sequence (ScheduleFreeAdamW's `momentum` is its `z`
     sequence, from which the weights are interpolated): kept local it would
     never be averaged, and reset it would be zero."""
-    if (
-        isinstance(inner, keras.optimizers.ScheduleFreeAdamW)
-        and optimizer_state != "average"
-    ):
+    schedule_free = getattr(keras.optimizers, "ScheduleFreeAdamW", ())  # keras 3.14+
+    if isinstance(inner, schedule_free) and optimizer_state != "average":
         raise ValueError(
             "ScheduleFreeAdamW keeps a weight-like sequence in its state, "
             "which an average must include: pass optimizer_state='average'. "

@@ -20,12 +20,13 @@ import keras_skip
 from keras_skip import _compat
 
 
-def test_checked_versions_are_the_installed_ones_or_newer():
+def test_installed_versions_are_in_the_tested_range():
     def parse(version):
         return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
 
-    assert parse(keras.__version__) >= parse(_compat.CHECKED_KERAS)
-    assert parse(tf.__version__) >= parse(_compat.CHECKED_TENSORFLOW)
+    assert parse(keras.__version__) >= parse(_compat.OLDEST_KERAS)
+    assert parse(tf.__version__) >= parse(_compat.OLDEST_TENSORFLOW)
+    assert _compat.untested_versions() == []
 
 
 def _stock_model(strategy, steps_per_execution):

@@ -38,13 +38,17 @@ def data(n=128, seed=0):
 OPTIONS = {
     "plain": {},
     "outer": {"outer_optimizer": "outer"},
-    "compression": {"compression": "bfloat16"},
-    "overlap": {"overlap": True},
-    "overlap-outer": {"overlap": True, "outer_optimizer": "outer"},
-    "slots-average": {"optimizer_state": "average"},
-    "slots-reset": {"optimizer_state": "reset"},
-    "groups": {"group_size": 2},
-    "drift-warmup": {"measure_drift": True, "warmup_steps": 3},
+    "outer-compression-overlap": {
+        "outer_optimizer": "outer",
+        "compression": "bfloat16",
+        "overlap": True,
+    },
+    "slots-average-groups": {"optimizer_state": "average", "group_size": 2},
+    "slots-reset-drift-warmup": {
+        "optimizer_state": "reset",
+        "measure_drift": True,
+        "warmup_steps": 3,
+    },
 }
 
 
