@@ -429,7 +429,7 @@ def simulate(
         x = overlapped_average(x, x_now, snapshot)
         if optimizer_state == "local":
             slots = slots_now
-        else:
+        elif optimizer_state == "average":  # "reset" restarted them after step t
             slots = tuple(
                 overlapped_average(s, now, snap)
                 for s, now, snap in zip(slots, slots_now, snapshot_slots, strict=True)

@@ -26,7 +26,7 @@ class _Sent(NamedTuple):
     overlapped: tf.Tensor  # ... and it is the overlapped one, started here
     moved: tf.Tensor  # the weights had moved since the last average
     gamma: tf.Tensor  # the learning rates' sum before the step
-    snapshot: list  # per replica: the payload (and reset slots) before it
+    snapshot: list  # per replica: the payload before it
     means: list  # the payload's means (empty when not overlapped)
 
 
@@ -774,18 +774,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         overlapped = tf.logical_and(due, self._iterations.value != self._full_at.value)
         moved = self._moved()
         gamma = tf.identity(self._gamma.value)
-        weights, slots, payload = self._payload(include_slots=False)
-        held = payload + (slots if self._optimizer_state == "reset" else [])
+        weights, _, payload = self._payload(include_slots=False)
         # Read only when due: the step's update then copies what it writes.
-        snapshot = _when(
+        values = _when(
             distribution,
             overlapped,
             lambda: extended.call_for_each_replica(
-                lambda: [tf.identity(v) for v in held]
+                lambda: [tf.identity(v) for v in payload]
             ),
-            held,
+            payload,
         )
-        values = snapshot[: len(payload)]
 
         def send():
             if self._compression:
@@ -798,7 +796,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         wire = tf.as_dtype(self._compression) if self._compression else None
         dtypes = [wire] * len(weights) if wire is not None else []
         means = _when(distribution, overlapped, send, payload, dtypes)
-        return _Sent(due, overlapped, moved, gamma, snapshot, means)
+        return _Sent(due, overlapped, moved, gamma, values, means)
 
     def _reduce(self, distribution, per_replica, payload, split=None) -> list:
         """The MEAN all-reduce of an average. With `split`, two batches: the
@@ -835,11 +833,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
             values = None
             if sent is not None:
-                values = sent.snapshot[: len(payload)]
-                held = payload + (slots if self._optimizer_state == "reset" else [])
+                values = sent.snapshot
                 displacements = extended.call_for_each_replica(
                     lambda snapshot: [
-                        tf.identity(v) - s for v, s in zip(held, snapshot, strict=True)
+                        tf.identity(v) - s
+                        for v, s in zip(payload, snapshot, strict=True)
                     ],
                     args=(sent.snapshot,),
                 )
@@ -888,7 +886,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             if self.outer_optimizer is not None or self._compression:
                 # The next period starts from the (outer) average.
                 self._record_starts(distribution, weights)
-            for v, d in zip(held, displacements, strict=True):
+            for v, d in zip(payload, displacements, strict=True):
                 extended.update(v, _add, args=(d,), group=False)
             extended.update(
                 self._gamma.value, _assign_learning_rate, args=(lr,), group=False

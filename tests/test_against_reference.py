@@ -46,6 +46,23 @@ def grad_fn(x, y):
     return fn
 
 
+def linear_model(*extra_layers):
+    """The linear model every test of this file trains, from `start_weights`,
+    followed by `extra_layers`."""
+    kernel, bias = start_weights()
+    return keras.Sequential(
+        [
+            keras.Input((D,)),
+            keras.layers.Dense(
+                1,
+                kernel_initializer=keras.initializers.Constant(kernel),
+                bias_initializer=keras.initializers.Constant(bias),
+            ),
+            *extra_layers,
+        ]
+    )
+
+
 def train_keras(
     strategy,
     make_inner,
@@ -57,18 +74,8 @@ def train_keras(
     **skip,
 ):
     x, y = make_data()
-    kernel, bias = start_weights()
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((D,)),
-                keras.layers.Dense(
-                    1,
-                    kernel_initializer=keras.initializers.Constant(kernel),
-                    bias_initializer=keras.initializers.Constant(bias),
-                ),
-            ]
-        )
+        model = linear_model()
         if make_outer is not None:
             skip["outer_optimizer"] = make_outer()
         optimizer = keras_skip.SkipCorrectionOptimizer(make_inner(), **skip)
@@ -122,7 +129,7 @@ def weights_of(model):
 
 
 def corrections_of(optimizer):
-    kernel_c, bias_c = optimizer._corrections
+    kernel_c, bias_c = optimizer._corrections[:2]  # the Dense layer's
     return np.stack(
         [
             np.concatenate([k[:, 0], b])

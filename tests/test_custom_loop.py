@@ -18,24 +18,15 @@ from test_against_reference import (
     start_weights,
     weights_of,
 )
+from test_against_reference import linear_model as reference_model
 
 import keras_skip
 from keras_skip import maths
 
 
 def linear_model(strategy, make_inner, **skip):
-    kernel, bias = start_weights()
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((D,)),
-                keras.layers.Dense(
-                    1,
-                    kernel_initializer=keras.initializers.Constant(kernel),
-                    bias_initializer=keras.initializers.Constant(bias),
-                ),
-            ]
-        )
+        model = reference_model()
         optimizer = keras_skip.SkipCorrectionOptimizer(make_inner(), **skip)
         optimizer.build(model.trainable_variables)
     optimizer.attach(model)

@@ -93,6 +93,15 @@ def mirrored_reference(n, with_history=False, slots=None, **overrides):
     return weights, corrections
 
 
+def assert_same_run(results, expected):
+    """Every worker ended exactly as in the `expected` (uninterrupted) run."""
+    for got, want in zip(results, expected, strict=True):
+        np.testing.assert_array_equal(got["weights"], want["weights"])
+        np.testing.assert_array_equal(got["corrections"], want["corrections"])
+        assert got["iterations"] == want["iterations"]
+        assert got["averages"] == want["averages"]
+
+
 def assert_workers_agree(results):
     for r in results[1:]:
         np.testing.assert_array_equal(r["weights"], results[0]["weights"])
@@ -309,12 +318,7 @@ def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path):
     assert restarted.ok, restarted.failure_report()
     log = restarted.workers[0].log
     assert "EPOCH 0 BEGIN" not in log and "EPOCH 2 BEGIN" in log
-    results = outputs(attempt, 2)
-    for got, want in zip(results, expected, strict=True):
-        np.testing.assert_array_equal(got["weights"], want["weights"])
-        np.testing.assert_array_equal(got["corrections"], want["corrections"])
-        assert got["iterations"] == want["iterations"]
-        assert got["averages"] == want["averages"]
+    assert_same_run(outputs(attempt, 2), expected)
 
 
 @pytest.mark.slow
@@ -361,12 +365,7 @@ def test_chief_and_worker_back_up_apart_and_resume_exactly(tmp_path):
     for worker in restarted.workers:
         begun = [line for line in worker.log.splitlines() if line.startswith("EPOCH")]
         assert begun[0] == "EPOCH 2 BEGIN", worker.log[-2000:]
-    results = outputs(attempt, 2)
-    for got, want in zip(results, expected, strict=True):
-        np.testing.assert_array_equal(got["weights"], want["weights"])
-        np.testing.assert_array_equal(got["corrections"], want["corrections"])
-        assert got["iterations"] == want["iterations"]
-        assert got["averages"] == want["averages"]
+    assert_same_run(outputs(attempt, 2), expected)
 
 
 @pytest.mark.parametrize(

@@ -260,6 +260,38 @@ def test_adam_with_overlap_matches_reference():
     assert_relative(corrections_of(optimizer), expected.correction, tolerance=1e-4)
 
 
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda: keras.optimizers.RMSprop(0.01, centered=True),
+        lambda: keras.optimizers.Adam(0.01),
+    ],
+    ids=["rmsprop-centered", "adam"],
+)
+def test_reset_slots_start_again_after_an_overlapped_average(make_inner):
+    """Reset slots take no share of the overlapped step: adding its change to
+    a reset second moment would make it negative, and the weights NaN."""
+    model, optimizer = train_keras(
+        mirrored(REPLICAS),
+        make_inner,
+        interval=5,
+        correction=1.0,
+        overlap=True,
+        optimizer_state="reset",
+    )
+    assert np.isfinite(weights_of(model)).all()
+    if isinstance(optimizer.inner_optimizer, keras.optimizers.Adam):
+        expected = reference(
+            maths.adam(),
+            learning_rate=0.01,
+            interval=5,
+            correction=1.0,
+            overlap=True,
+            optimizer_state="reset",
+        )
+        assert_relative(weights_of(model), expected.x, tolerance=1e-4)
+
+
 def test_replicas_keep_their_last_step_until_the_next_average():
     """Interval 4, 6 steps per epoch: after step 4 the replicas are apart by
     that step, which counts as not yet averaged; at the epoch's end they are
