@@ -26,7 +26,7 @@ without an outer optimizer or compression must be the inner optimizer alone.
 import keras
 import numpy as np
 from conftest import components, max_replica_spread, mirrored
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_against_reference import (
     EPOCHS,
@@ -169,6 +169,8 @@ options = st.fixed_dictionaries(
     max_examples=8,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
+    # Each example trains a model: report a failing one as drawn, unshrunk.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(options)
 def test_every_combination_keeps_the_invariants(drawn):
@@ -194,15 +196,26 @@ def test_every_combination_keeps_the_invariants(drawn):
         **drawn,
     )
     assert optimizer.averages_performed == expected.averages
-    assert_relative(weights_of(model), expected.x, tolerance=1e-4)
+    # float32 against float64: with compression, a value at a 16-bit rounding
+    # boundary can round the other way, and Adam's normalisation amplifies it.
+    compressed = drawn["compression"] is not None
+    assert_relative(
+        weights_of(model), expected.x, tolerance=1e-3 if compressed else 1e-4
+    )
     if drawn["correction"]:
-        assert_relative(corrections_of(optimizer), expected.correction, tolerance=1e-3)
+        assert_relative(
+            corrections_of(optimizer),
+            expected.correction,
+            tolerance=1e-2 if compressed else 1e-3,
+        )
 
 
 @settings(
     max_examples=6,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
+    # Each example trains a model: report a failing one as drawn, unshrunk.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(
     st.sampled_from(sorted(INNERS)),
