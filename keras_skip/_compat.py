@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import types
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 CHECKED_KERAS = "3.15.1"
@@ -376,6 +378,12 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
     from keras.src import tree
 
     strategy = self.distribute_strategy
+    if getattr(iterator, "_keras_skip_repeated", False) and not _needs_data(self):
+        # A batch taken from the shared iterator would be missing from the
+        # epoch (Keras takes it from an iterator it then drops).
+        with strategy.scope():
+            self._symbolic_build(data_batch=None)
+        return
     for _, _, it in iterator:
         batch = next(it)
         data_batch = tree.map_structure(
@@ -389,13 +397,132 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+    if skip_optimizer(getattr(self, "optimizer", None)) is not None:
+        repeat_known_epochs(iterator, strategy)
+
+
+def _needs_data(model) -> bool:
+    """Whether ``Trainer._symbolic_build`` (keras 3.15) needs a batch: the
+    model, its compiled metrics or its compiled loss are not built yet."""
+    unbuilt = [
+        not all(layer.built for layer in model._flatten_layers()),
+        getattr(model, "_compile_metrics", None) is not None
+        and not model._compile_metrics.built,
+        getattr(model, "_compile_loss", None) is not None
+        and not model._compile_loss.built,
+    ]
+    return any(unbuilt)
+
+
+def repeat_known_epochs(epoch_iterator, strategy) -> bool:
+    """Spares the workers their agreement at every step on whether data
+    remains, where every epoch has the same known number of full batches.
+
+    A finite distributed dataset under ``MultiWorkerMirroredStrategy`` makes
+    every step's ``get_next`` an all-reduce of "has data" across workers
+    (``input_lib._enable_get_next_as_optional``, tensorflow 2.21), so every
+    local step would wait for the slowest worker. A repeated dataset needs
+    none. One iterator over it serves every epoch, each epoch one pass (so
+    one shuffle) of the data, ``steps_per_epoch`` being the number of
+    batches: the batches of a new iterator per epoch, as Keras makes them
+    (``EpochIterator._enumerate_iterator`` and ``_get_iterator``, keras
+    3.15). It is never replaced while it prefetches: dropping an iterator
+    over an endless dataset can crash TensorFlow ("pure virtual method
+    called"). Only for data whose examples fill every batch
+    (``has_partial_batch`` False) and whose batches fill every execution of
+    ``steps_per_execution`` steps (else an epoch's last execution would take
+    batches of the next); returns whether it applied.
+    """
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    batches = getattr(epoch_iterator, "_num_batches", None)
+    if (
+        adapter is None
+        or not batches
+        or epoch_iterator.steps_per_epoch
+        or adapter.has_partial_batch is not False
+        or batches % (epoch_iterator.steps_per_execution or 1)
+        or not hasattr(epoch_iterator, "_get_iterator")
+    ):
+        return False
+    distributed = strategy.experimental_distribute_dataset(
+        adapter.get_tf_dataset().repeat()
+    )
+    shared = []
+
+    def get_iterator():
+        if not shared:
+            shared.append(iter(distributed))
+        return shared[0]
+
+    epoch_iterator._get_iterator = get_iterator
+    epoch_iterator.steps_per_epoch = batches
+    epoch_iterator._keras_skip_repeated = True
+    return True
 
 
 def _get_metrics_result_or_logs(self, logs):
     optimizer = skip_optimizer(getattr(self, "optimizer", None))
-    if optimizer is not None:
-        optimizer.average()
-    return type(self)._get_metrics_result_or_logs(self, logs)
+    if optimizer is None:
+        return type(self)._get_metrics_result_or_logs(self, logs)
+    optimizer.average()
+    strategy = self.distribute_strategy
+    if not is_multi_worker(strategy):
+        return type(self)._get_metrics_result_or_logs(self, logs)
+    # As Keras does, with the metrics' global values gathered in one
+    # all-reduce instead of one per metric variable.
+    metric_logs = global_metrics_result(self, strategy)
+    if isinstance(logs, dict) and set(logs) == set(metric_logs):
+        return metric_logs
+    return logs
+
+
+def global_metrics_result(model: keras.Model, strategy) -> dict:
+    """``model.get_metrics_result()`` over every replica of every worker,
+    from one all-reduce of the metric variables' per-worker values.
+
+    Keras reads each metric variable (``synchronization="on_read"``) in
+    cross-replica context, one all-reduce per variable. Here each worker
+    combines its own replicas' copies as the variable's aggregation says,
+    the workers' values travel together, and the results come from
+    ``Metric.stateless_result`` (keras 3.15).
+    """
+    from keras_skip import multi_worker
+
+    metrics = model.metrics
+    variables = [v for metric in metrics for v in metric.variables]
+    workers = multi_worker.num_workers(strategy)
+    first = multi_worker.worker_index(strategy) == 0
+    parts, shapes = [], []
+    for v in variables:
+        copies = [c.numpy() for c in strategy.experimental_local_results(v.value)]
+        aggregation = str(v.aggregation).lower()
+        if "mean" in aggregation:
+            value = np.mean(copies, axis=0) / workers
+        elif "first" in aggregation:
+            value = copies[0] if first else np.zeros_like(copies[0])
+        else:  # sum
+            value = np.sum(copies, axis=0)
+        shapes.append(np.shape(copies[0]))
+        parts.append(np.asarray(value, np.float64).ravel())
+    total = multi_worker.sum_over_workers(
+        strategy, np.concatenate(parts) if parts else np.zeros(0)
+    )
+    values, offset = [], 0
+    for v, shape in zip(variables, shapes, strict=True):
+        size = int(np.prod(shape, dtype=np.int64))
+        value = total[offset : offset + size].reshape(shape)
+        values.append(tf.constant(value, dtype=v.dtype))
+        offset += size
+    results, offset = {}, 0
+    for metric in metrics:
+        count = len(metric.variables)
+        result = metric.stateless_result(values[offset : offset + count])
+        offset += count
+        if isinstance(result, dict):
+            results.update(result)
+        else:
+            results[metric.name] = result
+    return results
 
 
 def is_multi_worker(strategy) -> bool:
@@ -419,6 +546,19 @@ def _reduce_per_replica(values, strategy, reduction):
     return tree.map_structure(reduce, values)
 
 
+def _local_logs(values, strategy):
+    """Each log averaged over this worker's replicas only: no collective."""
+    from keras.src import tree
+
+    def reduce(value):
+        if not isinstance(value, tf.distribute.DistributedValues):
+            return value
+        copies = strategy.experimental_local_results(value)
+        return tf.reduce_mean(tf.stack(copies), axis=0)
+
+    return tree.map_structure(reduce, values)
+
+
 def _make_function(self, step_function):
     strategy = self.distribute_strategy
     steps_per_execution = self.steps_per_execution
@@ -426,11 +566,23 @@ def _make_function(self, step_function):
         steps_per_execution == 1 and not is_multi_worker(strategy)
     ):
         return _KERAS["_make_function"](self, step_function)
+    # A model compiled with SkipCorrectionOptimizer keeps each step's logs on
+    # the worker: reducing them across workers would make every local step
+    # wait for the slowest worker. The epoch's logs are global (see
+    # `global_metrics_result`).
+    local = skip_optimizer(getattr(self, "optimizer", None)) is not None
+    reduce_logs = (
+        _local_logs
+        if local
+        else lambda values, strategy: _reduce_per_replica(values, strategy, "auto")
+    )
+    graphs = []
 
     @tf.autograph.experimental.do_not_convert
     def one_step_on_data(data):
+        graphs.append(tf.compat.v1.get_default_graph())
         outputs = strategy.run(step_function, args=(data,))
-        return _reduce_per_replica(outputs, strategy, reduction="auto")
+        return reduce_logs(outputs, strategy)
 
     if not self.run_eagerly:
         one_step_on_data = tf.function(
@@ -440,6 +592,7 @@ def _make_function(self, step_function):
 
     @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):
+        graphs.append(tf.compat.v1.get_default_graph())
         if steps_per_execution == 1:
             return tf.experimental.Optional.from_value(
                 one_step_on_data(iterator.get_next())
@@ -487,7 +640,30 @@ def _make_function(self, step_function):
             outputs = one_step_on_data(data)
         return outputs
 
+    #: The graphs of one step and of one execution, as traced (tests inspect
+    #: their collectives).
+    function.traced_graphs = graphs
     return function
+
+
+def calling_callback_list(callback):
+    """The ``keras.callbacks.CallbackList`` whose ``on_train_begin`` is
+    calling `callback` now, or None.
+
+    Found on the call stack: Keras' ``CallbackList.on_train_begin`` calls each
+    of its callbacks from a loop over ``self.callbacks`` (keras 3.15). A
+    callback appended to that list then runs after every other one, at every
+    later event.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, keras.callbacks.CallbackList) and any(
+            c is callback for c in candidate.callbacks
+        ):
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 # ---------------------------------------------------------------------------

@@ -80,6 +80,8 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         self._optimizer: SkipCorrectionOptimizer | None = None
         self._counters = (0, 0, 0.0)
         self._overridden = False
+        self._agreement: _StopAgreement | None = None
+        self._callback_list = None
 
     @property
     def optimizer(self) -> SkipCorrectionOptimizer:
@@ -119,6 +121,20 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             },
         )
         self._check_overlap()
+        if multi_worker.num_workers(optimizer._distribution_strategy) > 1:
+            # Runs after every other callback, so that it sees the
+            # `stop_training` any of them set.
+            callbacks = _compat.calling_callback_list(self)
+            if callbacks is None:
+                raise RuntimeError(
+                    f"{type(self).__name__} must be called by the callbacks "
+                    "list of `model.fit` (pass it in `fit(callbacks=[...])`): "
+                    "with several workers it makes them agree on stopping."
+                )
+            self._agreement = _StopAgreement(optimizer)
+            self._agreement.set_model(self.model)
+            callbacks.callbacks.append(self._agreement)
+            self._callback_list = callbacks
 
     def _check_overlap(self) -> None:
         """Warns when `overlap=True` has nothing to overlap: with an interval
@@ -213,7 +229,65 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._optimizer.average()
+        if self._agreement is not None:
+            self._agreement.finish()
+            callbacks = self._callback_list.callbacks
+            callbacks[:] = [c for c in callbacks if c is not self._agreement]
+            self._agreement = self._callback_list = None
         self._optimizer = None
+
+
+class _StopAgreement(keras.callbacks.Callback):
+    """With several workers, makes every worker stop training at the same step.
+
+    Each worker's callbacks see that worker's own batch logs, so a callback
+    may set `model.stop_training` on one worker only (`TerminateOnNaN`
+    seeing a NaN there); a worker leaving the loop alone would leave the
+    others waiting in their next average. This callback runs last: it takes
+    the request back and casts this worker's vote, which the next
+    synchronization (an average, or a synchronous step) carries to every
+    worker with no extra message. Every worker then sees the same votes after
+    the same execution of the train function and stops there. At an epoch's
+    end, where callbacks such as `EarlyStopping` decide, one all-reduce of a
+    few bytes settles the votes at once.
+    """
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self._optimizer = optimizer
+        self._voted_at: int | None = None
+        self._agreed = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self._optimizer
+        if self._agreed:
+            self.model.stop_training = True
+            return
+        if self.model.stop_training:
+            self.model.stop_training = False
+            if self._voted_at is None:
+                optimizer._vote_stop()
+                self._voted_at = optimizer._synchronizations()
+        if optimizer._stop_votes() > 0 and (
+            self._voted_at is None or optimizer._synchronizations() > self._voted_at
+        ):
+            self._agreed = self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._agreed:
+            self.model.stop_training = True
+            return
+        wants = self.model.stop_training or self._voted_at is not None
+        votes = multi_worker.sum_over_workers(
+            self._optimizer._distribution_strategy, [1.0 if wants else 0.0]
+        )
+        self._agreed = self.model.stop_training = bool(votes[0] > 0)
+
+    def finish(self) -> None:
+        """Clears this worker's vote, for a later `fit`."""
+        self._optimizer._vote_stop(False)
+        self._voted_at = None
+        self._agreed = False
 
 
 class AdaptiveIntervalCallback(SkipCorrectionCallback):

@@ -160,6 +160,41 @@ def _gather_function(strategy: tf.distribute.Strategy):
     return function
 
 
+def sum_over_workers(strategy: tf.distribute.Strategy, vector) -> np.ndarray:
+    """The sum over workers of a float vector each worker passes its own of.
+
+    A collective: every worker must call it at the same point, with vectors
+    of the same length. One all-reduce of ``8 * len(vector)`` bytes per
+    replica; the function is traced once per length.
+    """
+    vector = np.asarray(vector, dtype=np.float64).reshape(-1)
+    functions = getattr(strategy, "_keras_skip_sums", None)
+    if functions is None:
+        functions = {}
+        strategy._keras_skip_sums = functions
+    function = functions.get(vector.size)
+    if function is None:
+        local = len(strategy.extended.worker_devices)
+
+        @tf.function(autograph=False)
+        def function(vector):
+            def own_share():
+                replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+                # The worker's first replica brings the vector, the others 0.
+                return vector * tf.cast(tf.equal(replica % local, 0), tf.float64)
+
+            extended = strategy.extended
+            shares = extended.call_for_each_replica(own_share)
+            total = extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM, [(shares, shares)]
+            )[0]
+            return strategy.experimental_local_results(total)[0]
+
+        functions[vector.size] = function
+    with strategy.scope():
+        return function(tf.constant(vector)).numpy()
+
+
 def check_same_configuration(
     strategy: tf.distribute.Strategy, configuration: Mapping[str, object]
 ) -> None:

@@ -237,6 +237,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._overlap = _checks.boolean("overlap", overlap)
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
+        # Under several workers, the stop vote that every synchronization
+        # carries (see `_request_stop`); empty otherwise. Not a dependency of
+        # the optimizer: checkpoints do not hold it.
+        object.__setattr__(self, "_votes", ())
         self._attached = False
         # The variables the traced steps update (those with a gradient), by
         # key; replaced by the first step traced after `attach`. Averages and
@@ -422,6 +426,25 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def _iterations_now(self) -> int:
         return int(_read(self._iterations))
 
+    # The stop vote (several workers; see `SkipCorrectionCallback`).
+
+    def _synchronizations(self) -> int:
+        """Averages and synchronous steps so far: the moments at which the
+        workers exchange anything, read from the first local copies."""
+        return int(_read(self._averages)) + int(_read(self._synchronous))
+
+    def _vote_stop(self, vote: bool = True) -> None:
+        """Sets this worker's stop vote, which the next synchronization
+        carries to every worker (no-op with a single worker)."""
+        for v in self._votes:
+            _set(v, 1.0 if vote else 0.0)
+
+    def _stop_votes(self) -> float:
+        """This worker's copy of the vote: its own vote until the next
+        synchronization, then the mean of every replica's; 0 with a single
+        worker."""
+        return float(_read(self._votes[0])) if self._votes else 0.0
+
     def _record_interval_decision(self, decision) -> None:
         self._end_override(decision.interval)
         _set(self._decided, decision.interval)
@@ -525,6 +548,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 dtype="int64",
                 name="full_average_step",
             )
+
+        if _compat.is_multi_worker(strategy):
+            # Not an optimizer variable: not saved, and 0 outside a request.
+            with strategy.scope():
+                vote = tf.Variable(
+                    0.0,
+                    trainable=False,
+                    name="stop_vote",
+                    aggregation=tf.VariableAggregation.NONE,
+                )
+            object.__setattr__(self, "_votes", (vote,))
 
         # 1 while the inner optimizer's slots differ between replicas (policy
         # "local"): a synchronous step must not start from them.
@@ -646,10 +680,19 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             self._average_if_pending(distribution, include_slots=True)
             grads = sync_grads
             if n > 1:
+                votes = [
+                    (extended.call_for_each_replica(v.read_value), v)
+                    for v in self._votes
+                ]
                 grads = extended.batch_reduce_to(
                     tf.distribute.ReduceOp.SUM,
-                    list(zip(sync_grads, tf_variables, strict=True)),
+                    list(zip(sync_grads, tf_variables, strict=True)) + votes,
                 )
+                for v, total in zip(
+                    self._votes, grads[len(tf_variables) :], strict=True
+                ):
+                    extended.update(v, _assign, args=(total / n,), group=False)
+                grads = grads[: len(tf_variables)]
             _compat.optimizer_step(inner, distribution, grads, variables, lr)
             self._synchronous.value.assign_add(1)
             if n > 1:
@@ -678,6 +721,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             local_steps = self._local_steps.value.assign_add(1)
             if n > 1 and self._slot_variables():
                 self._slots_apart.value.assign(1)
+            # The conditions' names tell the averages apart in the graph
+            # (tests check that a local step communicates in them only).
             if sent is not None:
                 return tf.cond(
                     sent.overlapped,
@@ -686,19 +731,24 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                         sent.due,
                         lambda: self._average(distribution),
                         lambda: tf.constant(False),
+                        name="average_due",
                     ),
+                    name="average_overlapped",
                 )
             return tf.cond(
                 local_steps >= self._interval_variable.value,
                 lambda: self._average(distribution),
                 lambda: tf.constant(False),
+                name="average_due",
             )
 
         is_synchronous = tf.logical_or(
             self._interval_variable.value <= 1,
             self._iterations.value < self._warmup_steps,
         )
-        return tf.cond(is_synchronous, synchronous_step, local_step)
+        return tf.cond(
+            is_synchronous, synchronous_step, local_step, name="synchronous_step"
+        )
 
     # ------------------------------------------------------------------
     # Averages.
@@ -753,7 +803,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         averaged_slots = (
             slots if include_slots or self._optimizer_state == "average" else []
         )
-        return weights, slots, weights + self._model_state + averaged_slots
+        return (
+            weights,
+            slots,
+            weights + self._model_state + list(self._votes) + averaged_slots,
+        )
 
     def _moved(self):
         """Whether the weights moved since the last average (cross-replica)."""
@@ -1060,6 +1114,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             pending,
             lambda: self._average(distribution, include_slots),
             lambda: tf.constant(False),
+            name="average_pending",
         )
 
     def average(self) -> bool:
@@ -1265,7 +1320,7 @@ def _when(distribution, pred, fn, variables, dtypes=()) -> list:
     def skipped():
         return [tf.zeros([0], dtype) for dtype in types for _ in range(local)]
 
-    flat = tf.cond(pred, taken, skipped)
+    flat = tf.cond(pred, taken, skipped, name="average_overlapped_sent")
     values = []
     for i, v in enumerate(variables):
         parts = flat[i * local : (i + 1) * local]

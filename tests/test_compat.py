@@ -251,3 +251,92 @@ def test_averaged_model_state_uses_layer_internals_that_still_exist():
     state = _compat.averaged_model_state(model)
     assert [v.name for v in state] == ["moving_mean", "moving_variance"]
     assert keras_skip.SkipCorrectionOptimizer  # the public class imports the module
+
+
+def _epochs_of_batches(epoch_iterator, epochs):
+    seen = []
+    for _ in range(epochs):
+        batches = []
+        for begin, end, iterator in epoch_iterator.enumerate_epoch():
+            # As the train function does: one batch per step of the execution.
+            for _ in range(end - begin + 1):
+                x, _ = next(iterator)
+                batches.append(x.numpy()[:, 0].tolist())
+        seen.append(batches)
+        epoch_iterator.reset()
+    return seen
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_known_epochs_read_from_one_repeated_iterator_give_keras_batches(
+    steps_per_execution,
+):
+    """`repeat_known_epochs` relies on Keras' TF epoch iterator (its data
+    adapter, `_num_batches`, `steps_per_epoch` and `_get_iterator`): epochs
+    read through one iterator over the repeated dataset are Keras' own."""
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    strategy = tf.distribute.get_strategy()
+    x = np.arange(48, dtype="float32").reshape(24, 2)
+    y = np.zeros((24, 1), "float32")
+
+    def make():
+        return TFEpochIterator(
+            x=x,
+            y=y,
+            batch_size=4,
+            shuffle=False,
+            steps_per_execution=steps_per_execution,
+            distribute_strategy=strategy,
+        )
+
+    stock = _epochs_of_batches(make(), 3)
+    repeated = make()
+    assert _compat.repeat_known_epochs(repeated, strategy)
+    assert repeated.steps_per_epoch == 6
+    assert _epochs_of_batches(repeated, 3) == stock
+    assert len(stock[0]) == 6
+
+
+@pytest.mark.parametrize(
+    "samples, batch_size, steps_per_execution",
+    [(25, 4, 1), (24, 4, 4)],
+    ids=["partial-batch", "partial-execution"],
+)
+def test_epochs_with_partial_batches_or_executions_are_left_to_keras(
+    samples, batch_size, steps_per_execution
+):
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    strategy = tf.distribute.get_strategy()
+    epoch_iterator = TFEpochIterator(
+        x=np.zeros((samples, 2), "float32"),
+        y=np.zeros((samples, 1), "float32"),
+        batch_size=batch_size,
+        steps_per_execution=steps_per_execution,
+        distribute_strategy=strategy,
+    )
+    assert not _compat.repeat_known_epochs(epoch_iterator, strategy)
+    assert epoch_iterator.steps_per_epoch is None
+
+
+def test_finite_distributed_datasets_still_agree_on_data_at_every_step():
+    """The per-step collective `repeat_known_epochs` avoids: multi-worker
+    iterators over finite datasets ask every worker whether data remains."""
+    from tensorflow.python.distribute import input_lib
+
+    assert callable(input_lib._enable_get_next_as_optional)
+
+
+def test_a_built_model_builds_symbolically_without_a_batch():
+    """Under several workers keras-skip's `_maybe_symbolic_build` takes no
+    batch from a shared repeated iterator once the model is built (the batch
+    would be missing from the epoch): `_needs_data` must follow Keras'
+    `_symbolic_build`, which then needs none."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    assert _compat._needs_data(model)
+    x, y = np.ones((4, 2), "float32"), np.ones((4, 1), "float32")
+    model.fit(x, y, epochs=1, verbose=0)
+    assert not _compat._needs_data(model)
+    model._symbolic_build(data_batch=None)  # no batch: nothing left to build

@@ -40,6 +40,10 @@ DEFAULTS = {
     "pause_seconds": 0.0,
     "version": None,  # pretend to be another keras-skip version
     "set_interval": None,  # change the interval after the optimizer is created
+    "delay": None,  # [batch, seconds]: this worker sleeps before that batch
+    "stop_at": None,  # this worker sets stop_training after this step
+    "stop_at_epoch": None,  # ... at the end of this epoch
+    "inspect": False,  # report the collectives of a step outside its averages
     "seed": 0,
     "out": ".",
 }
@@ -91,6 +95,34 @@ def sleep_layer(seconds):
         return x + tf.stop_gradient(value)
 
     return keras.layers.Lambda(delay)
+
+
+#: The conditions of SkipCorrectionOptimizer's step whose first branch is a
+#: synchronization (a synchronous step or an average), by name.
+SYNCHRONIZING = ("synchronous_step", "average_")
+
+
+def collectives_outside_synchronizations(graph, inside=False) -> list[str]:
+    """The collective operations of a traced step or execution (and of the
+    conditions and loops in it) that do not sit in the first branch of a
+    synchronizing condition: those a local step would execute."""
+    found = []
+    for op in graph.get_operations():
+        if op.type.startswith("Collective") and not inside:
+            found.append(op.name)
+        if hasattr(op, "_true_graph"):
+            name = op.name.rsplit("/", 1)[-1]
+            synchronizing = name.startswith(SYNCHRONIZING)
+            found += collectives_outside_synchronizations(
+                op._true_graph, inside or synchronizing
+            )
+            found += collectives_outside_synchronizations(op._false_graph, inside)
+        for loop_graph in ("_body_graph", "_cond_graph"):
+            if hasattr(op, loop_graph):
+                found += collectives_outside_synchronizations(
+                    getattr(op, loop_graph), inside
+                )
+    return found
 
 
 def build_model(config, strategy):
@@ -226,6 +258,9 @@ def main():
             self.after_averages = []  # (step, digest) right after each average
             self.first_step = None
             self.seen = 0  # training batches begun
+            self.seconds = []  # of each execution of the train function
+            self.batch_losses = []  # the loss in each execution's logs
+            self.began = 0.0
 
         def on_train_begin(self, logs=None):
             if backup is not None:
@@ -239,9 +274,14 @@ def main():
 
         def on_train_batch_begin(self, batch, logs=None):
             ARMED[0] = self.seen == config["overflow_step"]
+            if config["delay"] and self.seen == config["delay"][0]:
+                time.sleep(config["delay"][1])
             self.seen += 1
+            self.began = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
+            self.seconds.append(time.perf_counter() - self.began)
+            self.batch_losses.append(float(logs["loss"]))
             step = int(self.model.optimizer.iterations.numpy())
             if self.first_step is None:
                 self.first_step = [w.copy() for w in self.model.get_weights()]
@@ -252,7 +292,21 @@ def main():
         def on_epoch_end(self, epoch, logs=None):
             print(f"EPOCH {epoch} END {digest()}", flush=True)
 
-    callbacks = []
+    class StopAt(keras.callbacks.Callback):
+        """Listed first: stops training on this worker alone."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == config["stop_at"]:
+                print(f"STOP REQUESTED {config['stop_at']}", flush=True)
+                self.model.stop_training = True
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == config["stop_at_epoch"]:
+                print(f"STOP REQUESTED AT EPOCH END {epoch}", flush=True)
+                self.model.stop_training = True
+
+    stops = config["stop_at"] is not None or config["stop_at_epoch"] is not None
+    callbacks = [StopAt()] if stops else []
     backup = None
     if config["backup_dir"]:
         backup = keras_skip.BackupAndRestore(config["backup_dir"])
@@ -286,7 +340,20 @@ def main():
         "after_averages": np.array([s for s, _ in markers.after_averages]),
         "after_average_digests": np.array([d for _, d in markers.after_averages]),
         "evaluate": model.evaluate(x[:64], y[:64], verbose=0),
+        "seconds": np.array(markers.seconds),
+        "batch_losses": np.array(markers.batch_losses),
     }
+    if config["inspect"]:
+        graphs = getattr(model.train_function, "traced_graphs", [])
+        result["traced_graphs"] = len(graphs)
+        result["collectives"] = np.array(
+            [
+                f"{graph.name}: {name}"
+                for graph in graphs
+                for name in collectives_outside_synchronizations(graph)
+            ],
+            dtype=str,
+        )
     if config["mode"] == "skip":
         corrections = [c for c in optimizer._corrections if c is not None]
         result["corrections"] = np.concatenate([c.numpy().ravel() for c in corrections])
