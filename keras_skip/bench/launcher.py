@@ -122,6 +122,7 @@ def launch(
     kill: Kill | None = None,
     on_progress: Callable[[int, str], None] | None = None,
     chief: bool = False,
+    cluster: Callable[[int], Sequence[str]] | None = None,
 ) -> LaunchResult:
     """Runs ``command`` as ``num_workers`` MultiWorkerMirroredStrategy workers.
 
@@ -148,6 +149,11 @@ def launch(
             others the ``worker`` job (see :func:`tf_config`). Indices,
             ``KERAS_SKIP_WORKER`` and log names count all processes from 0
             either way.
+        cluster: ``cluster(i)`` returns the ``num_workers`` addresses of the
+            cluster as worker ``i`` is to see them, instead of ``hosts`` and
+            free ports: its own entry is where it listens, the others where
+            it reaches its peers (a relay, for example
+            :class:`keras_skip.bench.relay.RelayNetwork`).
 
     Returns:
         A :class:`LaunchResult` with every worker's exit code and log. Every
@@ -158,8 +164,13 @@ def launch(
         raise ValueError(
             f"`hosts` must have {num_workers} entries. Received: {hosts!r}"
         )
-    ports = free_ports(num_workers)
-    addresses = [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
+    if cluster is None:
+        ports = free_ports(num_workers)
+        addresses = [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
+
+        def cluster(i):
+            return addresses
+
     log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="keras-skip-workers-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     processes: list[subprocess.Popen] = []
@@ -171,7 +182,13 @@ def launch(
     try:
         for i in range(num_workers):
             worker_env = {**os.environ, **(env or {})}
-            worker_env["TF_CONFIG"] = tf_config(addresses, i, chief=chief)
+            seen = list(cluster(i))
+            if len(seen) != num_workers:
+                raise ValueError(
+                    f"`cluster({i})` must return {num_workers} addresses. "
+                    f"Received: {seen!r}"
+                )
+            worker_env["TF_CONFIG"] = tf_config(seen, i, chief=chief)
             worker_env["KERAS_SKIP_WORKER"] = str(i)
             worker_env["PYTHONUNBUFFERED"] = "1"
             worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -80,6 +80,9 @@ class EmulatedNetwork:
         self.bridge = f"{PREFIX}{tag}br"
         self.subnet = f"10.{77 + os.getpid() % 100}.0"
         self.hosts = [f"{self.subnet}.{i + 1}" for i in range(n)]
+        #: The bridge's own address, through which the root namespace (a
+        #: relay that adds latency) reaches the workers.
+        self.gateway = f"{self.subnet}.254"
         self._up = False
 
     def wrap(self, i: int) -> list[str]:
@@ -94,6 +97,7 @@ class EmulatedNetwork:
         self._up = True
         try:
             _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
             _run(["ip", "link", "set", self.bridge, "up"])
             for ns, veth, host in zip(
                 self.namespaces, self.veths, self.hosts, strict=True

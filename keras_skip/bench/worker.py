@@ -16,8 +16,8 @@ import sys
 import time
 
 DEFAULTS = {
-    # sync, local, skip, adaptive, adacomm, nocomm, and the options: outer,
-    # compress, outer-compress, overlap, outer-compress-overlap
+    # sync, local, skip, adaptive, adacomm, nocomm, solo, and the options:
+    # outer, compress, outer-compress, overlap, outer-compress-overlap
     "method": "skip",
     "workload": "mlp",  # mlp, mlp-noniid, cnn
     "hidden": [1024, 1024],
@@ -88,7 +88,7 @@ def build(config, strategy):
         else:
             model = workloads.mlp(tuple(config["hidden"]))
         inner = keras.optimizers.SGD(config["learning_rate"])
-        if method == "sync":
+        if method in ("sync", "solo"):
             optimizer = inner
         else:
             interval = NEVER if method == "nocomm" else config["interval"]
@@ -147,21 +147,34 @@ def main(argv=None) -> int:
     from keras_skip.bench import workloads
 
     keras_skip.apply_keras_fixes()
-    strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
-    workers = multi_worker.num_workers(strategy)
+    method = config["method"]
+    if method == "solo":
+        # One of several independent processes: the same steps, no cluster.
+        cluster = json.loads(os.environ.pop("TF_CONFIG"))["cluster"]
+        workers = sum(len(tasks) for tasks in cluster.values())
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+    else:
+        strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
+        workers = multi_worker.num_workers(strategy)
     keras.utils.set_random_seed(config["seed"])
     (x, y), (x_test, y_test) = workloads.load_mnist_subset(
         config["seed"], label_sorted=config["workload"] == "mlp-noniid"
     )
     if config["workload"] == "cnn":
         x, x_test = x.reshape(-1, 28, 28, 1), x_test.reshape(-1, 28, 28, 1)
-    batch = config["batch_per_worker"] * strategy.num_replicas_in_sync // workers
+    local_replicas = (
+        strategy.num_replicas_in_sync
+        if method == "solo"
+        else strategy.num_replicas_in_sync // workers
+    )
+    batch = config["batch_per_worker"] * local_replicas
     if config["workload"] == "mlp-noniid":
         order = non_iid_order(len(x), workers, batch, config["epochs"], config["seed"])
         x, y = x[order], y[order]
     global_batch = batch * workers
     model, callbacks = build(config, strategy)
-    method = config["method"]
     optimizer = model.optimizer
     if method == "nocomm":
         optimizer.attach(model)  # no boundary averages: nothing is sent
@@ -225,7 +238,17 @@ def main(argv=None) -> int:
         steps_per_epoch //= config["epochs"]  # x holds every epoch's order
     else:
         data = data.shuffle(len(x), seed=config["seed"], reshuffle_each_iteration=True)
-    data = data.batch(global_batch, drop_remainder=True).repeat()
+    # Each independent process takes the batches a worker of the cluster
+    # would (its rows of every global batch).
+    data = data.batch(global_batch, drop_remainder=True)
+    if method == "solo":
+        data = data.map(
+            lambda x, y: (
+                x[index * batch : (index + 1) * batch],
+                y[index * batch : (index + 1) * batch],
+            )
+        )
+    data = data.repeat()
     fit_args = dict(
         x=data,
         steps_per_epoch=steps_per_epoch,

@@ -1,0 +1,146 @@
+"""What the wrapper costs on a local step: SkipCorrectionOptimizer against its
+inner optimizer alone.
+
+    python -m keras_skip.bench.step_overhead [--steps-per-execution 1 8]
+        [--rounds 9] [--steps 125] [--json step_overhead.json]
+
+One process, one worker (TensorFlow's default strategy), the benchmark MLP
+(784-1024-1024-10) with a batch of 32. For each ``steps_per_execution`` two
+models with the same initial weights train on the same batches: one with
+``keras.optimizers.SGD`` alone, one with it wrapped in a
+``SkipCorrectionOptimizer`` whose interval never comes, so that every step
+is a local step (inner update, correction, counters) and no average is due.
+After an untimed epoch each (tracing), the two alternate epoch by epoch for
+``rounds`` rounds; the ratio of each round's two epochs is taken, and the
+median of those ratios is printed with the extremes. Interleaving and
+pairing keep the machine's drift out of the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+#: An interval that never comes: every step is a local step.
+NEVER = 2**62
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def measure(
+    steps_per_execution: int, rounds: int = 9, steps: int = 125, seed: int = 0
+) -> dict:
+    """Milliseconds per step of the bare and the wrapped optimizer, and the
+    median, minimum and maximum of their per-round ratio."""
+    import keras
+    import tensorflow as tf
+
+    import keras_skip
+    from keras_skip.bench import workloads
+
+    (x, y), _ = workloads.load_mnist_subset(seed)
+    batch = 32
+    data = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(batch, drop_remainder=True)
+        .repeat()
+        .prefetch(4)
+    )
+
+    def model(wrapped: bool):
+        keras.utils.set_random_seed(seed)
+        m = workloads.mlp()
+        optimizer = keras.optimizers.SGD(0.05)
+        if wrapped:
+            optimizer = keras_skip.SkipCorrectionOptimizer(optimizer, interval=NEVER)
+        m.compile(
+            optimizer=optimizer,
+            loss=workloads.classification_loss(),
+            steps_per_execution=steps_per_execution,
+        )
+        return m
+
+    models = {"bare": model(False), "wrapped": model(True)}
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+
+    def epoch(name: str) -> float:
+        began = time.perf_counter()
+        models[name].fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+        return time.perf_counter() - began
+
+    for name in models:
+        epoch(name)  # tracing
+    for r in range(rounds):
+        order = ("bare", "wrapped") if r % 2 == 0 else ("wrapped", "bare")
+        for name in order:
+            seconds[name].append(epoch(name))
+    ratios = sorted(
+        w / b for w, b in zip(seconds["wrapped"], seconds["bare"], strict=True)
+    )
+    local = models["wrapped"].optimizer
+    assert local.averages_performed == 0 and local.synchronous_steps == 0
+    return {
+        "steps_per_execution": steps_per_execution,
+        "bare_ms_per_step": 1e3 * statistics.median(seconds["bare"]) / steps,
+        "wrapped_ms_per_step": 1e3 * statistics.median(seconds["wrapped"]) / steps,
+        "ratio": statistics.median(ratios),
+        "ratio_min": ratios[0],
+        "ratio_max": ratios[-1],
+        "rounds": rounds,
+        "steps": steps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_skip.bench.step_overhead",
+        description="The wrapper's cost on a local step, against the bare "
+        "inner optimizer (one worker).",
+    )
+    parser.add_argument(
+        "--steps-per-execution",
+        type=_positive,
+        nargs="+",
+        default=[1, 8],
+        help="values of steps_per_execution to measure (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_positive,
+        default=9,
+        help="interleaved pairs of epochs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=_positive,
+        default=125,
+        help="steps per epoch (default: %(default)s)",
+    )
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    rows = [measure(spe, args.rounds, args.steps) for spe in args.steps_per_execution]
+    print(
+        f"{'steps_per_execution':<21}{'SGD ms/step':<13}{'wrapped ms/step':<17}"
+        f"{'wrapped / SGD (median, min-max of ' + str(args.rounds) + ' pairs)'}"
+    )
+    for row in rows:
+        print(
+            f"{row['steps_per_execution']:<21}{row['bare_ms_per_step']:<13.2f}"
+            f"{row['wrapped_ms_per_step']:<17.2f}{row['ratio']:.3f} "
+            f"({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""Slow links for the benchmark: the relay (rate and latency without root), the
+round-trip probe, and the benchmark's options for them."""
+
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from keras_skip.bench import harness, launcher, links, netem, relay
+
+EMULATION = netem.unavailable_reason()
+needs_emulation = pytest.mark.skipif(
+    EMULATION is not None, reason=f"slow-link emulation unavailable: {EMULATION}"
+)
+
+
+def send_through(address: str, megabytes: int) -> None:
+    """Sends `megabytes` MiB to `address` (a `sink` on the other side)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as c:
+        for _ in range(megabytes):
+            c.sendall(b"x" * (1 << 20))
+
+
+def sink():
+    """A server that counts what it receives; returns (port, result, thread)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    result = {}
+
+    def serve():
+        connection, _ = server.accept()
+        received, first = 0, None
+        while data := connection.recv(1 << 20):
+            first = first or time.perf_counter()
+            received += len(data)
+        result["mbit"] = received * 8 / (time.perf_counter() - first) / 1e6
+        result["bytes"] = received
+        connection.close()
+        server.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    return server.getsockname()[1], result, thread
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("25ms", 0.025), ("0ms", 0.0), ("1.5s", 1.5), ("250us", 2.5e-4)]
+)
+def test_durations_need_a_unit(text, seconds):
+    assert relay.parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["25", "-3ms", "fast", "ms", "", "1h"])
+def test_malformed_latencies_are_refused_with_the_value(text):
+    with pytest.raises(ValueError, match=r"`latency` must be a non-negative"):
+        relay.parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["100", "-100mbit", "0mbit", "fast", "100 mb"])
+def test_malformed_rates_are_refused_with_the_value(text):
+    with pytest.raises(ValueError, match=r"`bandwidth` must be a positive rate"):
+        relay.parse_rate(text)
+    assert relay.parse_rate("100mbit") == 1e8
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--latency", "25"], "--latency: must be a non-negative duration"),
+        (["--latency=-3ms"], "--latency: must be a non-negative duration"),
+        (["--bandwidth", "100"], "--bandwidth: must be a positive tc rate"),
+        (["--bandwidth", "fast"], "--bandwidth: must be a positive tc rate"),
+        (["--links", "carrier-pigeon"], "--links: invalid choice"),
+    ],
+)
+def test_bad_link_options_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        harness.build_parser().parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_link_options_are_validated_before_anything_is_created(
+    tmp_path, monkeypatch, capsys
+):
+    from keras_skip import cli
+
+    made = []
+    monkeypatch.setattr(
+        harness.tempfile, "mkdtemp", lambda **kwargs: made.append(kwargs) or "x"
+    )
+    for argv in (["bench", "--latency", "10"], ["demo", "--bandwidth", "100"]):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv)
+        assert stop.value.code == 2
+    assert made == []
+    assert "must be" in capsys.readouterr().err
+
+
+def test_the_mechanism_follows_what_is_asked_and_possible(monkeypatch):
+    assert links.choose(None, "0ms") == (None, None)  # plain loopback
+    assert links.choose(None, "10ms") == ("relay", None)
+    assert links.choose("100mbit", "0ms", "relay") == ("relay", None)
+    monkeypatch.setattr(netem, "unavailable_reason", lambda: "no root here")
+    mechanism, note = links.choose("100mbit", "25ms")
+    assert mechanism == "relay"
+    assert "no root here" in note and "user-space relay" in note
+    with pytest.raises(RuntimeError, match="--links tc is not possible here"):
+        links.choose("100mbit", "0ms", "tc")
+    monkeypatch.setattr(netem, "unavailable_reason", lambda: None)
+    assert links.choose("100mbit", "25ms") == ("tc", None)
+    with pytest.raises(ValueError, match="`links` must be one of auto, tc, relay"):
+        links.choose("100mbit", "0ms", "udp")
+
+
+def test_the_relay_delays_every_round_trip_by_twice_the_latency():
+    with links.SlowLinks(2, None, "40ms", "relay") as network:
+        measured = network.round_trip()
+    assert 0.080 <= measured < 0.120, measured
+    with links.SlowLinks(2, None, "0ms", "relay") as network:
+        assert network.round_trip() < 0.020
+
+
+def test_the_relay_limits_the_rate_and_counts_the_bytes():
+    port, result, thread = sink()
+    with relay.RelayNetwork(2, "20mbit", "5ms") as network:
+        send_through(network.forward(0, 1, port), 8)
+        thread.join(timeout=60)
+        sent = network.transmitted_bytes()
+    assert result["bytes"] == 8 << 20
+    assert 16 < result["mbit"] < 21, result
+    assert sent == [8 << 20, 0]
+
+
+def test_the_cluster_each_worker_sees_names_the_relay_for_its_peers():
+    with relay.RelayNetwork(3, None, "1ms") as network:
+        clusters = [network.cluster(i) for i in range(3)]
+    own = [clusters[i][i] for i in range(3)]
+    assert len(set(own)) == 3  # every worker's real address, once each
+    for i, cluster in enumerate(clusters):
+        peers = [a for j, a in enumerate(cluster) if j != i]
+        assert not set(peers) & set(own)  # peers are reached through the relay
+    every_relay_port = [a for i, c in enumerate(clusters) for j, a in enumerate(c)]
+    assert len(set(every_relay_port)) == 3 + 6  # one relay port per direction
+
+
+def test_the_relay_refuses_bad_arguments_and_use_outside_its_block():
+    with pytest.raises(ValueError, match=r"`n` must be a positive integer.*n=0"):
+        relay.RelayNetwork(0)
+    with pytest.raises(ValueError, match=r"`hosts` must have 2 entries"):
+        relay.RelayNetwork(2, hosts=["127.0.0.1"])
+    network = relay.RelayNetwork(2)
+    with pytest.raises(RuntimeError, match="not running"):
+        network.forward(0, 1, 1234)
+
+
+@needs_emulation
+def test_namespaced_links_with_latency_round_trip_through_the_relay():
+    with links.SlowLinks(2, "50mbit", "20ms", "tc") as network:
+        assert network.relay is not None and network.namespaces is not None
+        measured = network.round_trip()
+        assert network.launch_arguments().keys() == {"hosts", "wrap", "cluster"}
+    assert 0.040 <= measured < 0.070, measured
+    with links.SlowLinks(2, "50mbit", "0ms", "tc") as network:
+        assert network.relay is None
+        assert network.round_trip() < 0.010
+
+
+@pytest.mark.slow
+def test_two_workers_train_through_the_relay_and_only_averages_wait(tmp_path):
+    """Through a relay with 100 ms of one-way latency, two MWMS workers
+    train to the same weights; local steps take far less than a round trip,
+    while every step that averages waits for it."""
+    from test_multi_worker import WORKER, outputs
+
+    config = {"interval": 4, "epochs": 1, "out": str(tmp_path)}
+    with links.SlowLinks(2, None, "100ms", "relay") as network:
+        result = launcher.launch(
+            [*WORKER, json.dumps(config)],
+            2,
+            timeout=300,
+            log_dir=tmp_path,
+            **network.launch_arguments(),
+        )
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    np.testing.assert_array_equal(results[0]["weights"], results[1]["weights"])
+    seconds = results[0]["seconds"]  # 16 steps, averages after steps 4, 8, ...
+    averaging = [seconds[i] for i in range(len(seconds)) if (i + 1) % 4 == 0]
+    local = [seconds[i] for i in range(1, len(seconds)) if (i + 1) % 4 != 0]
+    assert max(local) < 0.1, seconds
+    assert min(averaging) > 0.2, seconds
