@@ -267,61 +267,100 @@ def _epochs_of_batches(epoch_iterator, epochs):
     return seen
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 2])
-def test_known_epochs_read_from_one_repeated_iterator_give_keras_batches(
-    steps_per_execution,
-):
-    """`repeat_known_epochs` relies on Keras' TF epoch iterator (its data
-    adapter, `_num_batches`, `steps_per_epoch` and `_get_iterator`): epochs
-    read through one iterator over the repeated dataset are Keras' own."""
+def _epoch_iterator(data, steps_per_execution=1, steps_per_epoch=None, **kwargs):
     from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
-    strategy = tf.distribute.get_strategy()
-    x = np.arange(48, dtype="float32").reshape(24, 2)
-    y = np.zeros((24, 1), "float32")
+    return TFEpochIterator(
+        steps_per_execution=steps_per_execution,
+        steps_per_epoch=steps_per_epoch,
+        distribute_strategy=tf.distribute.get_strategy(),
+        **data,
+        **kwargs,
+    )
 
-    def make():
-        return TFEpochIterator(
-            x=x,
-            y=y,
-            batch_size=4,
-            shuffle=False,
-            steps_per_execution=steps_per_execution,
-            distribute_strategy=strategy,
-        )
 
-    stock = _epochs_of_batches(make(), 3)
-    repeated = make()
-    assert _compat.repeat_known_epochs(repeated, strategy)
-    assert repeated.steps_per_epoch == 6
-    assert _epochs_of_batches(repeated, 3) == stock
+def _rows(n):
+    return np.arange(2 * n, dtype="float32").reshape(n, 2), np.zeros((n, 1), "float32")
+
+
+def _arrays(n=24):
+    x, y = _rows(n)
+    return dict(x=x, y=y, batch_size=4, shuffle=False)
+
+
+def _full_dataset(n=24):
+    return dict(x=tf.data.Dataset.from_tensor_slices(_rows(n)).batch(4, True))
+
+
+KNOWN_EPOCHS = {
+    "arrays": (_arrays, {}),
+    "dataset-drop-remainder": (_full_dataset, {}),
+    "endless-dataset": (
+        lambda: dict(x=_full_dataset()["x"].repeat()),
+        {"steps_per_epoch": 6},
+    ),
+}
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+@pytest.mark.parametrize("data", list(KNOWN_EPOCHS))
+def test_known_epochs_read_from_one_iterator_give_keras_batches(
+    data, steps_per_execution
+):
+    """`read_epochs_locally` relies on Keras' TF epoch iterator (its data
+    adapter, `_num_batches`, `steps_per_epoch` and `_get_iterator`): epochs
+    read through one iterator over the repeated dataset are Keras' own."""
+    make, options = KNOWN_EPOCHS[data]
+
+    def epoch_iterator():
+        return _epoch_iterator(make(), steps_per_execution, **options)
+
+    stock = _epochs_of_batches(epoch_iterator(), 3)
+    local = epoch_iterator()
+    assert _compat.read_epochs_locally(local, tf.distribute.get_strategy())
+    assert local.steps_per_epoch == 6
+    assert _epochs_of_batches(local, 3) == stock
     assert len(stock[0]) == 6
 
 
-@pytest.mark.parametrize(
-    "samples, batch_size, steps_per_execution",
-    [(25, 4, 1), (24, 4, 4)],
-    ids=["partial-batch", "partial-execution"],
-)
-def test_epochs_with_partial_batches_or_executions_are_left_to_keras(
-    samples, batch_size, steps_per_execution
-):
-    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+LEFT_TO_KERAS = {
+    "partial-batch": (lambda: _arrays(25), 1),
+    "partial-execution": (_arrays, 4),
+    "dataset-partial-batch": (
+        lambda: dict(x=tf.data.Dataset.from_tensor_slices(_rows(24)).batch(5)),
+        1,
+    ),
+    "dataset-unknown-length": (
+        lambda: dict(x=_full_dataset()["x"].filter(lambda x, y: True)),
+        1,
+    ),
+}
 
+
+@pytest.mark.parametrize("data", list(LEFT_TO_KERAS))
+def test_epochs_with_partial_batches_or_executions_are_left_to_keras(data):
+    make, steps_per_execution = LEFT_TO_KERAS[data]
+    epoch_iterator = _epoch_iterator(make(), steps_per_execution)
     strategy = tf.distribute.get_strategy()
-    epoch_iterator = TFEpochIterator(
-        x=np.zeros((samples, 2), "float32"),
-        y=np.zeros((samples, 1), "float32"),
-        batch_size=batch_size,
-        steps_per_execution=steps_per_execution,
-        distribute_strategy=strategy,
-    )
-    assert not _compat.repeat_known_epochs(epoch_iterator, strategy)
+    assert not _compat.read_epochs_locally(epoch_iterator, strategy)
     assert epoch_iterator.steps_per_epoch is None
 
 
+def test_a_distributed_dataset_holds_each_input_workers_own_dataset():
+    """What `read_epochs_locally` reads with one device per worker: the
+    distributed dataset's `_cloned_datasets`, one tf.data dataset per input
+    worker, whose elements are the replica's batches."""
+    strategy = mirrored(1)
+    dataset = tf.data.Dataset.from_tensor_slices(_rows(8)).batch(4, True)
+    distributed = strategy.experimental_distribute_dataset(dataset)
+    (own,) = distributed._cloned_datasets
+    assert isinstance(own, tf.data.Dataset)
+    batches = [x.numpy().tolist() for x, _ in own]
+    assert batches == [x.numpy().tolist() for x, _ in dataset]
+
+
 def test_finite_distributed_datasets_still_agree_on_data_at_every_step():
-    """The per-step collective `repeat_known_epochs` avoids: multi-worker
+    """The per-step collective `read_epochs_locally` avoids: multi-worker
     iterators over finite datasets ask every worker whether data remains."""
     from tensorflow.python.distribute import input_lib
 
@@ -340,3 +379,33 @@ def test_a_built_model_builds_symbolically_without_a_batch():
     model.fit(x, y, epochs=1, verbose=0)
     assert not _compat._needs_data(model)
     model._symbolic_build(data_batch=None)  # no batch: nothing left to build
+
+
+def test_assigning_an_on_read_variable_across_replicas_still_reads_it_back():
+    """Why keras-skip resets the metrics in replica context under several
+    workers: Keras' reset assigns every metric variable in cross-replica
+    context, and TensorFlow reduces the variable across all replicas to read
+    it back (`SyncOnReadVariable.assign`, tensorflow 2.21); under
+    MultiWorkerMirroredStrategy each is an all-reduce across workers."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        metric = keras.metrics.Mean()
+        metric.update_state(3.0)
+    reductions = []
+    reduce = type(strategy).reduce
+
+    def counting_reduce(self, *args, **kwargs):
+        reductions.append(args[0] if args else kwargs.get("reduce_op"))
+        return reduce(self, *args, **kwargs)
+
+    type(strategy).reduce = counting_reduce
+    try:
+        with strategy.scope():
+            metric.reset_state()
+        assert len(reductions) == len(metric.variables) == 2
+        reductions.clear()
+        strategy.run(metric.reset_state)  # what keras-skip does
+        assert reductions == []
+    finally:
+        type(strategy).reduce = reduce
+    assert float(metric.result()) == 0.0

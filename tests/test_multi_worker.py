@@ -248,9 +248,11 @@ def test_a_delayed_worker_does_not_delay_its_peers_local_steps(tmp_path):
 def test_a_local_step_executes_no_collective(tmp_path):
     """Every collective operation of the traced step and of the execution
     around it (the data iterator's) lies in a synchronizing branch (a
-    synchronous step or an average): a local step takes none. The controls:
-    a plain optimizer's step has them outside, and so has the execution of
-    an epoch with a last partial batch (the data agreement that remains)."""
+    synchronous step or an average): a local step takes none, and nor does
+    resetting the metrics at an epoch's start. The controls: a plain
+    optimizer's step has them outside, Keras' own reset reduces every metric
+    variable, and the execution of an epoch with a last partial batch has
+    the data agreement that remains."""
     config = dict(
         inspect=True,
         epochs=1,
@@ -266,10 +268,17 @@ def test_a_local_step_executes_no_collective(tmp_path):
     for r in outputs(tmp_path / "skip", 2):
         assert r["traced_graphs"] >= 2  # a step and an execution
         assert r["collectives"].tolist() == []
+        # Resetting the metrics, at every epoch's start, exchanges nothing.
+        assert r["reset_reductions"] == 0
+        assert r["metrics_after_reset"].size > 0
+        assert r["metrics_after_reset"].max() == 0
     stock = run_workers(tmp_path / "stock", 2, **{**config, "mode": "stock"})
     assert stock.ok, stock.failure_report()
-    found = outputs(tmp_path / "stock", 2)[0]["collectives"].tolist()
+    stock_result = outputs(tmp_path / "stock", 2)[0]
+    found = stock_result["collectives"].tolist()
     assert any(name.startswith("one_step_on_data") for name in found), found
+    # Keras' own reset reads back every metric variable across workers.
+    assert stock_result["reset_reductions"] == stock_result["metrics_after_reset"].size
     partial = run_workers(tmp_path / "partial", 2, **{**config, "samples": 250})
     assert partial.ok, partial.failure_report()
     found = outputs(tmp_path / "partial", 2)[0]["collectives"].tolist()

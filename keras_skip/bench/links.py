@@ -143,7 +143,7 @@ class SlowLinks:
         rate = self.bandwidth or "unlimited"
         how = (
             "network namespaces and tc"
-            + (", latency by a relay" if self.relay is not None else "")
+            + (", latency by a relay" if parse_duration(self.latency) > 0 else "")
             if self.mechanism == "tc"
             else "a user-space relay"
         )

@@ -177,7 +177,10 @@ def main(argv=None) -> int:
     model, callbacks = build(config, strategy)
     optimizer = model.optimizer
     if method == "nocomm":
-        optimizer.attach(model)  # no boundary averages: nothing is sent
+        optimizer.attach(model)
+        # No boundary averages either: nothing is sent (the trainer takes
+        # one through this method at every epoch's end).
+        object.__setattr__(optimizer, "average", lambda: False)
 
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     records = []
@@ -265,6 +268,8 @@ def main(argv=None) -> int:
     # Few, large validation batches: each batch costs a collective.
     fit_args["validation_batch_size"] = 50 * strategy.num_replicas_in_sync
 
+    if method == "solo":
+        start_together(config["out"], index, workers)
     model.fit(**fit_args)
 
     skip = isinstance(optimizer, keras_skip.SkipCorrectionOptimizer)
@@ -292,6 +297,19 @@ def main(argv=None) -> int:
     with open(os.path.join(config["out"], f"worker-{index}.json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
     return 0
+
+
+def start_together(directory: str, index: int, workers: int, timeout=600.0) -> None:
+    """Waits until all ``workers`` independent processes are ready to train,
+    so that they share the cores as the workers of a cluster do."""
+    open(os.path.join(directory, f"ready-{index}"), "w").close()
+    deadline = time.monotonic() + timeout
+    while not all(
+        os.path.exists(os.path.join(directory, f"ready-{i}")) for i in range(workers)
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every one of {workers} processes got ready")
+        time.sleep(0.01)
 
 
 def accuracy_reached(accuracy, target) -> bool:

@@ -354,6 +354,29 @@ def main():
             ],
             dtype=str,
         )
+        # The reductions across workers of resetting the metrics, as fit
+        # and evaluate do at their start; the metrics must end at zero.
+        reductions = []
+        reduce = type(strategy).reduce
+
+        def counting_reduce(self, *args, **kwargs):
+            reductions.append(args[0] if args else kwargs.get("reduce_op"))
+            return reduce(self, *args, **kwargs)
+
+        type(strategy).reduce = counting_reduce
+        try:
+            model.reset_metrics()
+        finally:
+            type(strategy).reduce = reduce
+        result["reset_reductions"] = len(reductions)
+        result["metrics_after_reset"] = np.array(
+            [
+                float(np.abs(c.numpy()).sum())
+                for metric in model.metrics
+                for v in metric.variables
+                for c in strategy.experimental_local_results(v.value)
+            ]
+        )
     if config["mode"] == "skip":
         corrections = [c for c in optimizer._corrections if c is not None]
         result["corrections"] = np.concatenate([c.numpy().ravel() for c in corrections])
