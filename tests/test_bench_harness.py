@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,12 +18,23 @@ needs_emulation = pytest.mark.skipif(
 )
 
 
-def leftovers():
+def leftovers(tag):
+    """Namespaces and links named with ``tag``: one network's, since other
+    tests may hold networks of their own at the same time."""
     namespaces = subprocess.run(
         ["ip", "netns", "list"], capture_output=True, text=True
     ).stdout
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return [line for line in (namespaces + links).splitlines() if netem.PREFIX in line]
+    interfaces = subprocess.run(
+        ["ip", "-o", "link"], capture_output=True, text=True
+    ).stdout
+    name = re.compile(rf"\b{tag}(n|v|br)\d*\b")
+    return [
+        line for line in (namespaces + interfaces).splitlines() if name.search(line)
+    ]
+
+
+def tag_of(network):
+    return network.bridge.removesuffix("br")
 
 
 @pytest.mark.slow
@@ -170,15 +182,16 @@ def test_emulated_links_limit_bandwidth_and_are_removed(tmp_path):
         sent = network.transmitted_bytes()
         assert sent[0] > 10 * (1 << 20)
     assert 14 < measured < 22, measured
-    assert leftovers() == []
+    assert leftovers(tag_of(network)) == []
 
 
 @needs_emulation
 def test_emulated_network_is_removed_after_an_error():
-    with pytest.raises(RuntimeError, match="boom"), netem.EmulatedNetwork(2, "50mbit"):
-        assert len(leftovers()) >= 2
+    network = netem.EmulatedNetwork(2, "50mbit")
+    with pytest.raises(RuntimeError, match="boom"), network:
+        assert len(leftovers(tag_of(network))) >= 2
         raise RuntimeError("boom")
-    assert leftovers() == []
+    assert leftovers(tag_of(network)) == []
 
 
 @needs_emulation
@@ -218,7 +231,7 @@ def test_interrupting_the_benchmark_removes_workers_and_namespaces(tmp_path):
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 130, output
     assert "every worker process and network namespace was removed" in output
-    assert leftovers() == []
+    assert leftovers(f"{netem.PREFIX}{process.pid % 100000}") == []
     # This run's workers only (their configuration names its directory):
     # other tests may run benchmark workers at the same time.
     workers = subprocess.run(

@@ -288,12 +288,20 @@ def _arrays(n=24):
     return dict(x=x, y=y, batch_size=4, shuffle=False)
 
 
+def _shuffled_arrays():
+    keras.utils.set_random_seed(0)  # the same shuffle ops for both iterators
+    return {**_arrays(), "shuffle": True}
+
+
 def _full_dataset(n=24):
     return dict(x=tf.data.Dataset.from_tensor_slices(_rows(n)).batch(4, True))
 
 
 KNOWN_EPOCHS = {
     "arrays": (_arrays, {}),
+    # Keras draws the same order in every epoch (a new iterator restarts its
+    # shuffle op); a resumed job must see it too.
+    "shuffled-arrays": (_shuffled_arrays, {}),
     "dataset-drop-remainder": (_full_dataset, {}),
     "endless-dataset": (
         lambda: dict(x=_full_dataset()["x"].repeat()),
@@ -304,12 +312,17 @@ KNOWN_EPOCHS = {
 
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
 @pytest.mark.parametrize("data", list(KNOWN_EPOCHS))
-def test_known_epochs_read_from_one_iterator_give_keras_batches(
-    data, steps_per_execution
+@pytest.mark.parametrize("devices", [1, 0])
+def test_known_epochs_read_locally_give_keras_batches(
+    data, steps_per_execution, devices
 ):
     """`read_epochs_locally` relies on Keras' TF epoch iterator (its data
     adapter, `_num_batches`, `steps_per_epoch` and `_get_iterator`): epochs
-    read through one iterator over the repeated dataset are Keras' own."""
+    read through plain iterators over the worker's own dataset (one device)
+    are Keras' own, shuffled or not; through one iterator over the repeated
+    dataset (``devices=0``: no per-device datasets, as with several
+    devices), each epoch is one pass of the data."""
+    strategy = mirrored(1) if devices else tf.distribute.get_strategy()
     make, options = KNOWN_EPOCHS[data]
 
     def epoch_iterator():
@@ -317,9 +330,18 @@ def test_known_epochs_read_from_one_iterator_give_keras_batches(
 
     stock = _epochs_of_batches(epoch_iterator(), 3)
     local = epoch_iterator()
-    assert _compat.read_epochs_locally(local, tf.distribute.get_strategy())
+    assert _compat.read_epochs_locally(local, strategy)
     assert local.steps_per_epoch == 6
-    assert _epochs_of_batches(local, 3) == stock
+    seen = _epochs_of_batches(local, 3)
+    if devices or data != "shuffled-arrays":
+        assert seen == stock
+    else:  # the shuffle goes on from one epoch to the next
+
+        def examples(epoch):
+            return sorted(x for batch in epoch for x in batch)
+
+        assert [examples(e) for e in seen] == [examples(e) for e in stock]
+        assert seen[0] == stock[0] and seen[1] != stock[1]
     assert len(stock[0]) == 6
 
 
