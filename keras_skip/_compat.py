@@ -394,14 +394,14 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
 
     strategy = self.distribute_strategy
     if skip_optimizer(getattr(self, "optimizer", None)) is not None and (
-        getattr(iterator, "_keras_skip_repeated", False)
+        getattr(iterator, "_keras_skip_read_locally", False)
         or read_epochs_locally(iterator, strategy)
     ):
         # The shapes come from the data's element spec: a batch taken from
-        # the shared iterator would be missing from the epoch, and one taken
-        # from a distributed iterator would leave that iterator alive, which
-        # slows every later step (measured: 4 workers, the benchmark MLP,
-        # about 13 ms of CPU per step).
+        # the iterator several devices share would be missing from the
+        # epoch, and one taken from a distributed iterator would leave that
+        # iterator alive, which slows every later step (measured: 4 workers,
+        # the benchmark MLP, about 13 ms of CPU per step).
         spec = iterator._keras_skip_element_spec if _needs_data(self) else None
         with strategy.scope():
             self._symbolic_build(data_batch=spec)
@@ -516,7 +516,7 @@ def read_epochs_locally(epoch_iterator, strategy) -> bool:
 def _mark_read_locally(epoch_iterator, endless, batches, element_spec) -> None:
     if not endless:
         epoch_iterator.steps_per_epoch = batches
-    epoch_iterator._keras_skip_repeated = True
+    epoch_iterator._keras_skip_read_locally = True
     # A replica's batch as the model's symbolic build needs it: shapes and
     # dtypes, any batch size.
     epoch_iterator._keras_skip_element_spec = tf.nest.map_structure(

@@ -270,3 +270,40 @@ def test_non_iid_order_gives_each_worker_its_own_reshuffled_shard():
             assert sorted(rows) == sorted(shards[w])
     # ... in a new order every epoch.
     assert not np.array_equal(per_epoch[0], per_epoch[1])
+
+
+@pytest.mark.slow
+def test_independent_processes_are_compared_with_the_no_communication_run(tmp_path):
+    lines = []
+    args = harness.build_parser().parse_args(
+        [
+            *("--workers", "2", "--bandwidth", "none", "--methods", "nocomm", "solo"),
+            *("--hidden", "16", "--epochs", "2", "--nocomm-epochs", "3"),
+            *("--out", str(tmp_path)),
+        ]
+    )
+    report = harness.run(args, print_fn=lines.append)
+    rows = {row["method"]: row for row in report["rows"]}
+    solo = rows["2 independent processes (no cluster)"]
+    nocomm = rows["no communication (bound)"]
+    assert solo["epoch_seconds"] > 0 and nocomm["epoch_seconds"] > 0
+    assert report["nocomm_vs_independent"] == pytest.approx(
+        nocomm["epoch_seconds"] / solo["epoch_seconds"]
+    )
+    # Every solo process waited for the others before training.
+    assert sorted(p.name for p in (tmp_path / "solo").glob("ready-*")) == [
+        "ready-0",
+        "ready-1",
+    ]
+    assert "epoch of 2 independent processes" in "\n".join(lines)
+
+
+def test_independent_processes_that_never_all_get_ready_time_out(tmp_path):
+    from keras_skip.bench import worker
+
+    with pytest.raises(TimeoutError, match="not every one of 2 processes"):
+        worker.start_together(str(tmp_path), 0, 2, timeout=0.05)
+    assert (tmp_path / "ready-0").exists()
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    worker.start_together(str(alone), 0, 1, timeout=0.05)  # at once

@@ -1,5 +1,7 @@
 """The baselines of the adaptive interval and the overhead benchmark."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -92,3 +94,22 @@ def test_overhead_benchmark_runs_and_reports_every_strategy(capsys):
     table = overhead.format_table(rows)
     assert "x ours" in table and "of its training time choosing" in table
     assert "of which tracing" in table and "in trials" in table
+
+
+def test_step_overhead_reports_wall_and_cpu_ratios(tmp_path, capsys):
+    from keras_skip.bench import step_overhead
+
+    out = tmp_path / "rows.json"
+    code = step_overhead.main(
+        [
+            *("--steps-per-execution", "2", "--rounds", "2", "--steps", "4"),
+            *("--json", str(out)),
+        ]
+    )
+    assert code == 0
+    (row,) = json.loads(out.read_text())
+    assert row["steps_per_execution"] == 2 and row["rounds"] == 2
+    for clock in ("ratio", "cpu_ratio"):
+        assert 0 < row[f"{clock}_min"] <= row[clock] <= row[f"{clock}_max"]
+    assert row["bare_ms_per_step"] > 0 and row["wrapped_ms_per_step"] > 0
+    assert "wall time" in capsys.readouterr().out

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import keras_fixes_for_every_model, mirrored
+from workers.fit_worker import counting_reductions
 
 import keras_skip
 from keras_skip import _compat
@@ -413,21 +414,11 @@ def test_assigning_an_on_read_variable_across_replicas_still_reads_it_back():
     with strategy.scope():
         metric = keras.metrics.Mean()
         metric.update_state(3.0)
-    reductions = []
-    reduce = type(strategy).reduce
-
-    def counting_reduce(self, *args, **kwargs):
-        reductions.append(args[0] if args else kwargs.get("reduce_op"))
-        return reduce(self, *args, **kwargs)
-
-    type(strategy).reduce = counting_reduce
-    try:
+    with counting_reductions(strategy) as reductions:
         with strategy.scope():
             metric.reset_state()
         assert len(reductions) == len(metric.variables) == 2
         reductions.clear()
         strategy.run(metric.reset_state)  # what keras-skip does
         assert reductions == []
-    finally:
-        type(strategy).reduce = reduce
     assert float(metric.result()) == 0.0

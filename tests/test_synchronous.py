@@ -37,7 +37,9 @@ INNERS = {
 }
 
 
-def train(strategy, optimizer_factory, epochs=2, batch_size=16, callbacks=None):
+def train(
+    strategy, optimizer_factory, epochs=2, batch_size=16, callbacks=None, shuffle=False
+):
     x, y = data()
     with strategy.scope():
         model = build_model()
@@ -47,7 +49,7 @@ def train(strategy, optimizer_factory, epochs=2, batch_size=16, callbacks=None):
         y,
         batch_size=batch_size,
         epochs=epochs,
-        shuffle=False,
+        shuffle=shuffle,
         verbose=0,
         callbacks=callbacks or [],
     )
@@ -65,6 +67,31 @@ def test_interval_1_equals_stock_synchronous_training(inner):
     for a, b in zip(stock.get_weights(), skip.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
     assert skip.optimizer.averages_performed == 0
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_shuffled_epochs_are_keras_own_in_one_process(replicas):
+    """In one process the wrapper leaves Keras' data path alone: with a fixed
+    seed Keras' shuffle of arrays draws the same order every epoch, and
+    interval 1 still equals stock synchronous training over 3 epochs."""
+
+    def shuffled(optimizer_factory, callbacks=None):
+        keras.utils.set_random_seed(5)  # the same shuffle ops for both
+        return train(
+            mirrored(replicas),
+            optimizer_factory,
+            epochs=3,
+            callbacks=callbacks,
+            shuffle=True,
+        )
+
+    stock = shuffled(INNERS["sgd"])
+    skip = shuffled(
+        lambda: keras_skip.SkipCorrectionOptimizer(INNERS["sgd"](), interval=1),
+        callbacks=[keras_skip.SkipCorrectionCallback()],
+    )
+    for a, b in zip(stock.get_weights(), skip.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 
 def test_warmup_steps_equal_stock_synchronous_training():

@@ -7,6 +7,7 @@ prints marker lines the tests wait for. The index is the launcher's process
 index, KERAS_SKIP_WORKER (with a chief, 0 is the chief).
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -100,6 +101,24 @@ def sleep_layer(seconds):
 #: The conditions of SkipCorrectionOptimizer's step whose first branch is a
 #: synchronization (a synchronous step or an average), by name.
 SYNCHRONIZING = ("synchronous_step", "average_")
+
+
+@contextlib.contextmanager
+def counting_reductions(strategy):
+    """The reduce ops of every ``strategy.reduce`` call made inside, in a
+    list (the strategy's class is patched meanwhile)."""
+    reductions = []
+    reduce = type(strategy).reduce
+
+    def counting_reduce(self, *args, **kwargs):
+        reductions.append(args[0] if args else kwargs.get("reduce_op"))
+        return reduce(self, *args, **kwargs)
+
+    type(strategy).reduce = counting_reduce
+    try:
+        yield reductions
+    finally:
+        type(strategy).reduce = reduce
 
 
 def collectives_outside_synchronizations(graph, inside=False) -> list[str]:
@@ -356,18 +375,8 @@ def main():
         )
         # The reductions across workers of resetting the metrics, as fit
         # and evaluate do at their start; the metrics must end at zero.
-        reductions = []
-        reduce = type(strategy).reduce
-
-        def counting_reduce(self, *args, **kwargs):
-            reductions.append(args[0] if args else kwargs.get("reduce_op"))
-            return reduce(self, *args, **kwargs)
-
-        type(strategy).reduce = counting_reduce
-        try:
+        with counting_reductions(strategy) as reductions:
             model.reset_metrics()
-        finally:
-            type(strategy).reduce = reduce
         result["reset_reductions"] = len(reductions)
         result["metrics_after_reset"] = np.array(
             [
