@@ -27,7 +27,7 @@ def leftovers(tag):
     interfaces = subprocess.run(
         ["ip", "-o", "link"], capture_output=True, text=True
     ).stdout
-    name = re.compile(rf"\b{tag}(n|v|br)\d*\b")
+    name = re.compile(rf"\b{tag}(n\d+|v\d+|vh|hub|br)\b")
     return [
         line for line in (namespaces + interfaces).splitlines() if name.search(line)
     ]

@@ -3,6 +3,7 @@ round-trip probe, and the benchmark's options for them."""
 
 import json
 import socket
+import subprocess
 import threading
 import time
 
@@ -155,15 +156,40 @@ def test_the_relay_refuses_bad_arguments_and_use_outside_its_block():
     network = relay.RelayNetwork(2)
     with pytest.raises(RuntimeError, match="not running"):
         network.forward(0, 1, 1234)
+    with (
+        pytest.raises(RuntimeError, match="cannot enter network namespace 'absent'"),
+        relay.RelayNetwork(2, namespace="absent"),
+    ):
+        pass
 
 
 @needs_emulation
 def test_namespaced_links_with_latency_round_trip_through_the_relay():
+    """The relay runs in a hub namespace on the workers' bridge: the root
+    namespace has no address or route on their network, so its routes and
+    firewall cannot drop the workers' packets."""
     with links.SlowLinks(2, "50mbit", "20ms", "tc") as network:
         assert network.relay is not None and network.namespaces is not None
+        hub = network.namespaces.hub
+        assert (
+            hub
+            in subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True
+            ).stdout
+        )
+        root = subprocess.run(
+            ["ip", "-o", "addr", "show"], capture_output=True, text=True
+        ).stdout
+        assert network.namespaces.subnet + "." not in root
         measured = network.round_trip()
         assert network.launch_arguments().keys() == {"hosts", "wrap", "cluster"}
     assert 0.040 <= measured < 0.070, measured
+    assert (
+        hub
+        not in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True
+        ).stdout
+    )
     with links.SlowLinks(2, "50mbit", "0ms", "tc") as network:
         assert network.relay is None
         assert network.round_trip() < 0.010

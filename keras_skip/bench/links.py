@@ -5,8 +5,9 @@ Two mechanisms, chosen by :func:`choose`:
 - ``tc``: each worker in its own network namespace behind a ``tbf``-limited
   veth (:mod:`keras_skip.bench.netem`). Needs root and iproute2. This
   kernel-side limit is the closest to a real link. The kernel here has no
-  ``netem`` qdisc, so latency, if any, is added by a relay in the root
-  namespace that the workers reach through the bridge.
+  ``netem`` qdisc, so latency, if any, is added by a relay in one more
+  namespace on the same bridge (a hub), so that workers' packets cross the
+  bridge only, whatever the root namespace's routes and firewall.
 - ``relay``: no root needed. A user-space relay in the launching process
   (:mod:`keras_skip.bench.relay`) carries every connection between workers
   and emulates both the rate and the latency.
@@ -93,15 +94,19 @@ class SlowLinks:
     def __enter__(self) -> SlowLinks:
         try:
             if self.mechanism == "tc":
-                self.namespaces = netem.EmulatedNetwork(self.n, self.bandwidth)
+                delayed = parse_duration(self.latency) > 0
+                self.namespaces = netem.EmulatedNetwork(
+                    self.n, self.bandwidth, hub=delayed
+                )
                 self.namespaces.__enter__()
-                if parse_duration(self.latency) > 0:
+                if delayed:
                     self.relay = RelayNetwork(
                         self.n,
                         None,
                         self.latency,
                         hosts=self.namespaces.hosts,
-                        listen=self.namespaces.gateway,
+                        listen=self.namespaces.hub_address,
+                        namespace=self.namespaces.hub,
                     ).__enter__()
             else:
                 self.relay = RelayNetwork(

@@ -58,6 +58,12 @@ def _run(command: Sequence[str], namespace: str | None = None) -> str:
 class EmulatedNetwork:
     """``n`` namespaces on a bridge, every link limited to ``bandwidth``.
 
+    With ``hub=True`` one more namespace, :attr:`hub`, sits on the bridge
+    at :attr:`hub_address` behind an unlimited link: a relay that adds
+    latency runs there, so that every packet between workers crosses the
+    bridge only, as packets between workers without a relay do, and none
+    depends on the root namespace's routes or firewall.
+
     Use as a context manager::
 
         with EmulatedNetwork(4, "100mbit") as network:
@@ -70,6 +76,7 @@ class EmulatedNetwork:
         bandwidth: str = "100mbit",
         burst: str = "256kb",
         latency: str = "50ms",
+        hub: bool = False,
     ):
         self.n = n
         self.bandwidth = check_rate(bandwidth)
@@ -80,14 +87,40 @@ class EmulatedNetwork:
         self.bridge = f"{PREFIX}{tag}br"
         self.subnet = f"10.{77 + os.getpid() % 100}.0"
         self.hosts = [f"{self.subnet}.{i + 1}" for i in range(n)]
-        #: The bridge's own address, through which the root namespace (a
-        #: relay that adds latency) reaches the workers.
-        self.gateway = f"{self.subnet}.254"
+        #: The hub's namespace and address (None without ``hub``).
+        self.hub = f"{PREFIX}{tag}hub" if hub else None
+        self.hub_address = f"{self.subnet}.254" if hub else None
+        self._hub_veth = f"{PREFIX}{tag}vh"
         self._up = False
 
     def wrap(self, i: int) -> list[str]:
         """The command prefix that runs a program in worker ``i``'s namespace."""
         return ["ip", "netns", "exec", self.namespaces[i]]
+
+    def _attach(self, ns: str, veth: str, host: str) -> None:
+        """A new namespace ``ns`` whose ``eth0`` at ``host`` is joined to the
+        bridge by ``veth``."""
+        _run(["ip", "netns", "add", ns])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+            ]
+        )
+        _run(["ip", "link", "set", veth, "master", self.bridge])
+        _run(["ip", "link", "set", veth, "up"])
+        _run(["ip", "addr", "add", f"{host}/24", "dev", "eth0"], ns)
+        _run(["ip", "link", "set", "eth0", "up"], ns)
+        _run(["ip", "link", "set", "lo", "up"], ns)
 
     def __enter__(self) -> EmulatedNetwork:
         reason = unavailable_reason()
@@ -97,32 +130,13 @@ class EmulatedNetwork:
         self._up = True
         try:
             _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-            _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
             _run(["ip", "link", "set", self.bridge, "up"])
+            if self.hub is not None:
+                self._attach(self.hub, self._hub_veth, self.hub_address)
             for ns, veth, host in zip(
                 self.namespaces, self.veths, self.hosts, strict=True
             ):
-                _run(["ip", "netns", "add", ns])
-                _run(
-                    [
-                        "ip",
-                        "link",
-                        "add",
-                        veth,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        "eth0",
-                        "netns",
-                        ns,
-                    ]
-                )
-                _run(["ip", "link", "set", veth, "master", self.bridge])
-                _run(["ip", "link", "set", veth, "up"])
-                _run(["ip", "addr", "add", f"{host}/24", "dev", "eth0"], ns)
-                _run(["ip", "link", "set", "eth0", "up"], ns)
-                _run(["ip", "link", "set", "lo", "up"], ns)
+                self._attach(ns, veth, host)
                 tbf = [
                     "root",
                     "tbf",
@@ -151,10 +165,10 @@ class EmulatedNetwork:
         if not self._up:
             return
         self._up = False
-        for ns in self.namespaces:
+        for ns in [*self.namespaces, *([self.hub] if self.hub else [])]:
             with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
                 _run(["ip", "netns", "del", ns])
-        for veth in self.veths:
+        for veth in [*self.veths, self._hub_veth]:
             with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
                 _run(["ip", "link", "del", veth])
         with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):

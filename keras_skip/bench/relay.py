@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
 import re
 import socket
 import threading
@@ -72,6 +74,23 @@ def parse_duration(duration: str, argument: str = "latency") -> float:
     return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
+def enter_namespace(name: str) -> None:
+    """Moves the calling thread (only it) into network namespace ``name``:
+    the sockets it opens from then on live there."""
+    path = f"/var/run/netns/{name}"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "setns"):  # Python 3.12+
+            os.setns(fd, os.CLONE_NEWNET)
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error), path)
+    finally:
+        os.close(fd)
+
+
 class _Link:
     """One direction of one worker's link: busy until ``free_at``."""
 
@@ -93,6 +112,9 @@ class RelayNetwork:
             for all); the relay connects there.
         listen: The address the relay listens on, reachable from every
             worker.
+        namespace: A network namespace (a name from ``ip netns list``) in
+            which the relay's thread listens and connects, as a host of its
+            own on the workers' network; None for this process's own.
     """
 
     def __init__(
@@ -102,6 +124,7 @@ class RelayNetwork:
         latency: str = "0ms",
         hosts: Sequence[str] | None = None,
         listen: str = "127.0.0.1",
+        namespace: str | None = None,
     ):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"`n` must be a positive integer. Received: n={n!r}")
@@ -113,6 +136,7 @@ class RelayNetwork:
         self.latency = latency
         self.hosts = hosts
         self.listen = listen
+        self.namespace = namespace
         self._rate = None if bandwidth is None else parse_rate(bandwidth) / 8.0
         self._delay = parse_duration(latency)
         self._uplinks = [_Link() for _ in range(n)]
@@ -155,10 +179,34 @@ class RelayNetwork:
 
         self._ports = launcher.free_ports(self.n)
         self._loop = asyncio.new_event_loop()
+        entered: list[BaseException | None] = []
+        ready = threading.Event()
+
+        def run() -> None:
+            try:
+                if self.namespace is not None:
+                    enter_namespace(self.namespace)
+            except BaseException as error:  # reported by __enter__
+                entered.append(error)
+                ready.set()
+                return
+            entered.append(None)
+            ready.set()
+            self._loop.run_forever()
+
         self._thread = threading.Thread(
-            target=self._loop.run_forever, name="keras-skip-relay", daemon=True
+            target=run, name="keras-skip-relay", daemon=True
         )
         self._thread.start()
+        ready.wait()
+        if entered[0] is not None:
+            self._thread.join()
+            self._loop.close()
+            self._loop = None
+            raise RuntimeError(
+                f"the relay cannot enter network namespace {self.namespace!r}: "
+                f"{entered[0]}"
+            ) from entered[0]
         try:
             for i in range(self.n):
                 for j in range(self.n):
