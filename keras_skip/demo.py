@@ -25,6 +25,7 @@ def arguments(
     epochs: int = 3,
     out: str | None = None,
     latency: str = "0ms",
+    links: str = "auto",
 ) -> argparse.Namespace:
     """The harness arguments of the demo: a small MLP, a few epochs."""
     return harness.build_parser().parse_args(
@@ -35,6 +36,8 @@ def arguments(
             bandwidth or "none",
             "--latency",
             latency,
+            "--links",
+            links,
             "--hidden",
             "512",
             "512",
@@ -62,9 +65,10 @@ def run(
     out: str | None = None,
     print_fn=print,
     latency: str = "0ms",
+    links: str = "auto",
 ) -> dict:
     report = harness.run(
-        arguments(workers, bandwidth, epochs, out, latency), print_fn=print_fn
+        arguments(workers, bandwidth, epochs, out, latency, links), print_fn=print_fn
     )
     rows = {row["method"]: row for row in report["rows"]}
     sync = rows.get("synchronous SGD", {})

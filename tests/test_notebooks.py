@@ -10,6 +10,7 @@ TensorFlow or keras-skip.
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -197,4 +198,17 @@ def test_docs_build_strict(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert (tmp_path / "site" / "api" / "index.html").exists()
+    site = tmp_path / "site"
+    assert (site / "api" / "index.html").exists()
+    assert (site / "release" / "index.html").exists()
+    pages = sorted(site.rglob("*.html"))
+    for page in pages:
+        html = page.read_text()
+        text = re.sub(r"<(script|style)\b.*?</\1>", "", html, flags=re.S)
+        for raw in ("::: keras_skip", "--8&lt;--", "--8<--"):
+            assert raw not in text, f"{page.relative_to(site)} shows raw {raw!r}"
+        for source in re.findall(r'<img[^>]+src="([^"]+)"', html):
+            if source.startswith(("http:", "https:", "data:")):
+                continue
+            image = (page.parent / source.split("#")[0]).resolve()
+            assert image.is_file(), f"{page.relative_to(site)}: no image {source}"

@@ -38,59 +38,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from keras_skip.bench import launcher, links
+from keras_skip.bench import launcher, links, options
 from keras_skip.bench.worker import OPTION_METHODS
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
-def _bandwidth(text: str) -> str | None:
-    try:
-        return links.check_bandwidth(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            "must be a positive tc rate such as '100mbit', '1gbit' or "
-            f"'500kbit', or 'none' for no limit, got {text!r}"
-        ) from error
-
-
-def _latency(text: str) -> str:
-    try:
-        return links.check_latency(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            "must be a non-negative duration with a unit (us, ms or s), such "
-            f"as '25ms' or '0ms', got {text!r}"
-        ) from error
-
-
-def _momentum(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
-    return value
-
 
 ALL_METHODS = (
     "sync",
@@ -509,110 +458,117 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time to accuracy of synchronous SGD, local SGD and "
         "skip+correction with real worker processes, optionally over emulated "
         "slow links.",
+        formatter_class=options.HelpFormatter,
     )
-    parser.add_argument("--workers", type=_positive_int, default=4)
-    parser.add_argument(
-        "--bandwidth",
-        type=_bandwidth,
-        default="100mbit",
-        help="rate of every worker's link in each direction (tc syntax: "
-        "'100mbit', '1gbit'), or 'none' for no limit (default: %(default)s)",
+    options.add_link_options(parser, epochs=12, epochs_help="epoch budget per method")
+    add = parser.add_argument
+    add(
+        "--workload",
+        choices=("mlp", "mlp-noniid", "cnn"),
+        default="mlp",
+        help="the MLP on MNIST, the same with label-sorted shards, or a small CNN",
     )
-    parser.add_argument(
-        "--latency",
-        type=_latency,
-        default="0ms",
-        help="one-way delay added to every worker's link, such as '25ms' "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--links",
-        choices=links.MECHANISMS,
-        default="auto",
-        help="how to emulate the links: 'tc' (network namespaces and tbf, "
-        "needs root; latency by a relay), 'relay' (a user-space relay, no root "
-        "needed), or 'auto': tc where possible (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--workload", choices=("mlp", "mlp-noniid", "cnn"), default="mlp"
-    )
-    parser.add_argument(
+    add(
         "--hidden",
-        type=_positive_int,
+        type=options.positive_int,
         nargs="+",
         default=[1024, 1024],
         help="hidden layer sizes of the MLP workloads",
     )
-    parser.add_argument(
-        "--epochs", type=_positive_int, default=12, help="epoch budget per method"
+    add(
+        "--batch-per-worker",
+        type=options.positive_int,
+        default=32,
+        help="batch size of each worker (the global batch is this times --workers)",
     )
-    parser.add_argument("--batch-per-worker", type=_positive_int, default=32)
-    parser.add_argument("--learning-rate", type=_positive_float, default=0.05)
-    parser.add_argument(
+    add(
+        "--learning-rate",
+        type=options.positive_float,
+        default=0.05,
+        help="SGD learning rate of every method",
+    )
+    add(
         "--interval",
-        type=_positive_int,
+        type=options.positive_int,
         default=32,
         help="interval of the fixed-interval methods and AdaComm's start",
     )
-    parser.add_argument(
-        "--target-ratios", type=_positive_float, nargs="+", default=[1.0]
+    add(
+        "--target-ratios",
+        type=options.positive_float,
+        nargs="+",
+        default=[1.0],
+        help="the adaptive method's communication/computation ratios per "
+        "epoch, one run each",
     )
-    parser.add_argument("--max-interval", type=_positive_int, default=64)
-    parser.add_argument(
+    add(
+        "--max-interval",
+        type=options.positive_int,
+        default=64,
+        help="largest interval the adaptive methods may choose",
+    )
+    add(
         "--target",
-        type=float,
+        type=options.accuracy,
         default=None,
         help="validation accuracy to reach (default: what synchronous SGD "
         "reaches after the epoch budget)",
     )
-    parser.add_argument(
+    add(
         "--stop-at-target",
         action="store_true",
         help="stop each method once it reaches --target",
     )
-    parser.add_argument(
-        "--methods", nargs="+", choices=ALL_METHODS, default=list(DEFAULT_METHODS)
+    add(
+        "--methods",
+        nargs="+",
+        choices=ALL_METHODS,
+        default=list(DEFAULT_METHODS),
+        metavar="METHOD",
+        help=f"methods to run, in order, among: {', '.join(ALL_METHODS)}",
     )
-    parser.add_argument(
+    add(
         "--outer-learning-rate",
-        type=_positive_float,
+        type=options.positive_float,
         default=0.7,
         help="learning rate of method outer's Nesterov SGD outer optimizer",
     )
-    parser.add_argument(
+    add(
         "--compression",
         choices=("bfloat16", "float16"),
         default="bfloat16",
         help="wire type of the methods with compress",
     )
-    parser.add_argument(
+    add(
         "--outer-momentum",
-        type=_momentum,
+        type=options.fraction,
         default=0.9,
         help="momentum of method outer's outer optimizer",
     )
-    parser.add_argument("--nocomm-epochs", type=_positive_int, default=3)
-    parser.add_argument(
+    add(
+        "--nocomm-epochs",
+        type=options.positive_int,
+        default=3,
+        help="epochs of the no-communication run (its epoch time is steady)",
+    )
+    add(
         "--measure-drift",
         action="store_true",
         help="measure the replicas' drift at every average (one more small "
         "all-reduce per average) and plot it",
     )
-    parser.add_argument(
+    add(
         "--timeout",
-        type=_positive_float,
+        type=options.positive_float,
         default=3600,
         help="seconds after which a method's workers are killed",
     )
-    parser.add_argument(
-        "--out", default=None, help="directory for results.json and plots"
-    )
-    parser.add_argument(
+    add(
         "--quick",
         action="store_true",
         help="a small run on loopback (2 workers, a small MLP, 2 epochs)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    add("--seed", type=int, default=0, help="seed of the data split and the weights")
     return parser
 
 
@@ -622,8 +578,6 @@ def run(args, print_fn=print) -> dict:
         args.workers, args.bandwidth, args.hidden, args.epochs = 2, None, [64], 2
         args.latency = "0ms"
         args.interval, args.nocomm_epochs = 8, 2
-    if args.target is not None and not 0 < args.target <= 1:
-        raise SystemExit(f"--target must be in (0, 1]. Received: {args.target}")
     if args.stop_at_target and args.target is None:
         raise SystemExit("--stop-at-target needs --target.")
     try:

@@ -30,12 +30,22 @@ MECHANISMS = ("auto", "tc", "relay")
 
 
 def check_bandwidth(text: str) -> str | None:
-    """A ``--bandwidth`` value: a positive ``tc`` rate, or ``'none'`` (None:
-    no limit)."""
+    """A ``--bandwidth`` value: a positive ``tc`` rate in bit units, or
+    ``'none'`` (None: no limit). Byte units (``'100mbps'``, which ``tc``
+    reads as 800 Mbit/s) are refused: people who write them mostly mean
+    bits."""
     if isinstance(text, str) and text.strip().lower() == "none":
         return None
-    parse_rate(text, "bandwidth")
-    return text.strip().lower()
+    bits = parse_rate(text, "bandwidth")
+    value = text.strip().lower()
+    if value.endswith("bps"):
+        raise ValueError(
+            f"`bandwidth` {text!r} is in bytes per second as tc reads it "
+            f"({bits / 1e6:g} Mbit/s); write the rate in bits, such as "
+            f"'{bits / 1e6:g}mbit', to say which is meant. Received: "
+            f"bandwidth={text!r}"
+        )
+    return value
 
 
 def check_latency(text: str) -> str:

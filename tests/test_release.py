@@ -1,0 +1,154 @@
+"""The release: the sdist and wheel a maintainer uploads are built, checked
+and used from a fresh environment, not only the editable checkout."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tomllib
+import zipfile
+
+import pytest
+from packaging.requirements import Requirement
+
+import keras_skip
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+USE_THE_WHEEL = """
+import json, pathlib, sys
+from importlib import metadata
+import numpy as np
+import keras
+import keras_skip
+
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile(
+    optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.1), interval=2),
+    loss="mse",
+)
+x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+history = model.fit(x, x.sum(1, keepdims=True), epochs=3, batch_size=8, verbose=0)
+print(json.dumps({
+    "file": keras_skip.__file__,
+    "version": keras_skip.__version__,
+    "metadata": metadata.version("keras-skip"),
+    "loss": history.history["loss"],
+}))
+"""
+
+
+def run(command, **kwargs):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **kwargs.pop("env", {})}
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=env, **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    """The sdist and the wheel, built from a copy of the checkout."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "keras_skip",
+        source / "keras_skip",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    out = tmp_path_factory.mktemp("dist")
+    built = run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out)],
+        cwd=source,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, sorted(out.iterdir())
+    return wheels[0], sdists[0]
+
+
+def test_the_distributions_pass_twine_check(dist):
+    checked = run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist)])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
+
+
+def test_the_wheel_holds_the_package_its_metadata_and_its_license(dist):
+    wheel, sdist = dist
+    version = keras_skip.__version__
+    assert wheel.name == f"keras_skip-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        info = f"keras_skip-{version}.dist-info"
+        metadata = archive.read(f"{info}/METADATA").decode()
+        entry_points = archive.read(f"{info}/entry_points.txt").decode()
+    sources = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "keras_skip").rglob("*.py")
+    }
+    assert sources <= set(names), sources - set(names)
+    assert not [n for n in names if n.startswith("tests/")]
+    assert f"{info}/licenses/LICENSE" in names
+    assert f"Version: {version}\n" in metadata
+    assert "License-Expression: Apache-2.0" in metadata
+    requires = {
+        Requirement(line.split(": ", 1)[1])
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    }
+    assert requires == {Requirement(r) for r in PROJECT["dependencies"]}
+    assert "keras-skip = keras_skip.cli:main" in entry_points
+    with tarfile.open(sdist) as archive:
+        members = archive.getnames()
+    root = f"keras_skip-{version}"
+    for name in ("pyproject.toml", "README.md", "LICENSE", "keras_skip/__init__.py"):
+        assert f"{root}/{name}" in members, name
+
+
+def test_the_wheel_installs_into_a_fresh_environment_and_trains(dist, tmp_path):
+    """A new environment sees this one's Keras and TensorFlow (a path file)
+    but not the checkout: keras-skip comes from the wheel alone."""
+    wheel, _ = dist
+    venv = tmp_path / "venv"
+    created = run([sys.executable, "-m", "venv", str(venv)])
+    assert created.returncode == 0, created.stderr
+    python = venv / "bin" / "python"
+    purelib = run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    ).stdout.strip()
+    # Only this environment's installed packages: a plain path, whose own path
+    # files (the checkout's editable install among them) are not processed.
+    pathlib.Path(purelib, "test-environment.pth").write_text(
+        sysconfig.get_path("purelib") + "\n"
+    )
+    installed = run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            str(wheel),
+        ]
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PYTHONPATH": "", "PYTHONNOUSERSITE": "1"}
+    used = run([str(python), "-c", USE_THE_WHEEL], cwd=work, env=env)
+    assert used.returncode == 0, used.stderr[-3000:]
+    found = json.loads(used.stdout.splitlines()[-1])
+    assert pathlib.Path(found["file"]).is_relative_to(venv), found
+    assert found["version"] == found["metadata"] == keras_skip.__version__
+    assert found["loss"][-1] < found["loss"][0]
+    version = run([str(venv / "bin" / "keras-skip"), "--version"], cwd=work, env=env)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"keras-skip {keras_skip.__version__}"
