@@ -1,13 +1,15 @@
-"""The tutorials in notebooks/ run top to bottom, and the docs site builds.
+"""The tutorials in notebooks/ run top to bottom, and the docs site builds
+with them as pages, outputs included.
 
-Each notebook is executed with papermill on the offline MNIST subset with
-small parameters, in a kernel bound to the interpreter that runs pytest: CI
-calls `.venv/bin/python -m pytest` without the venv on PATH, and the
-machine's `python3` kernelspec may name another interpreter, without
-TensorFlow or keras-skip.
+The site's build executes each notebook with papermill on the offline MNIST
+subset with small parameters (``docs/tutorials.py``, an MkDocs hook), in a
+kernel bound to the interpreter that runs it: CI calls `.venv/bin/python -m
+pytest` without the venv on PATH, and the machine's `python3` kernelspec may
+name another interpreter, without TensorFlow or keras-skip.
 """
 
-import json
+import html
+import importlib.util
 import os
 import pathlib
 import re
@@ -19,75 +21,19 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-KERNEL = "keras-skip-tests"
-
-SMALL = {
-    "quickstart": dict(
-        offline=True,
-        replicas=2,
-        epochs=2,
-        train_samples=1024,
-        val_samples=500,
-        interval=4,
-    ),
-    "adaptive_interval": dict(
-        offline=True,
-        replicas=2,
-        epochs=2,
-        train_samples=1024,
-        val_samples=500,
-        fixed_intervals=[1, 8],
-        custom_loop_epochs=1,
-    ),
-    "multi_worker": dict(
-        offline=True,
-        epochs=3,
-        kill_epoch=2,
-        train_samples=512,
-        val_samples=256,
-    ),
-}
 
 
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    """A kernelspec that runs this interpreter, found through JUPYTER_PATH."""
-    jupyter_path = tmp_path_factory.mktemp("jupyter")
-    spec = jupyter_path / "kernels" / KERNEL
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [
-                    sys.executable,
-                    "-m",
-                    "ipykernel_launcher",
-                    "-f",
-                    "{connection_file}",
-                ],
-                "display_name": "keras-skip tests",
-                "language": "python",
-            }
-        )
+def load_hook():
+    spec = importlib.util.spec_from_file_location(
+        "tutorials", ROOT / "docs" / "tutorials.py"
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("JUPYTER_PATH", str(jupyter_path))
-        patch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-        yield KERNEL
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def execute(notebook, output, parameters, kernel_name, cwd):
-    import papermill
-
-    return papermill.execute_notebook(
-        str(notebook),
-        str(output),
-        parameters=parameters,
-        kernel_name=kernel_name,
-        cwd=str(cwd),
-        progress_bar=False,
-        execution_timeout=300,
-    )
+TUTORIALS = load_hook()
+SMALL = TUTORIALS.SITE_PARAMETERS
 
 
 def outputs_text(notebook) -> str:
@@ -116,7 +62,7 @@ def test_committed_notebooks_have_no_outputs():
                 assert not cell.outputs and cell.execution_count is None, path.name
 
 
-def test_the_kernel_runs_the_interpreter_of_the_tests(kernel, tmp_path):
+def test_the_kernel_runs_the_interpreter_of_the_tests(tmp_path):
     import nbformat
 
     notebook = nbformat.v4.new_notebook()
@@ -129,9 +75,14 @@ def test_the_kernel_runs_the_interpreter_of_the_tests(kernel, tmp_path):
     # No venv on PATH, as in CI: the kernel must still be this interpreter.
     env["PATH"] = "/usr/bin:/bin"
     script = (
-        "import papermill, sys; papermill.execute_notebook("
+        "import importlib.util, papermill\n"
+        "spec = importlib.util.spec_from_file_location("
+        f"'t', {str(ROOT / 'docs' / 'tutorials.py')!r})\n"
+        "hook = importlib.util.module_from_spec(spec); spec.loader.exec_module(hook)\n"
+        "with hook.kernel_of_this_interpreter() as kernel:\n"
+        "    papermill.execute_notebook("
         f"{str(source)!r}, {str(tmp_path / 'out.ipynb')!r}, "
-        f"kernel_name={kernel!r}, progress_bar=False)"
+        "kernel_name=kernel, progress_bar=False)"
     )
     result = subprocess.run(
         [sys.executable, "-c", script],
@@ -145,13 +96,11 @@ def test_the_kernel_runs_the_interpreter_of_the_tests(kernel, tmp_path):
     assert outputs_text(executed).strip() == sys.executable
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_notebook_runs_top_to_bottom(name, kernel, tmp_path):
+def test_notebook_is_parametrized_and_opens_in_colab(name):
     import nbformat
 
-    source = NOTEBOOKS / f"{name}.ipynb"
-    original = nbformat.read(source, as_version=4)
+    original = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     tagged = [c for c in original.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "one cell tagged `parameters`"
     for parameter in SMALL[name]:
@@ -163,24 +112,16 @@ def test_notebook_runs_top_to_bottom(name, kernel, tmp_path):
         f"notebooks/{name}.ipynb" in original.cells[0].source
     )
 
+
+@pytest.mark.slow
+def test_docs_build_strict_with_the_executed_notebooks(tmp_path):
+    """The site builds with --strict; each notebook ran top to bottom
+    (papermill fails the build with the cell and its traceback otherwise),
+    and its page shows its output and figures."""
+    import nbformat
+
+    cache = tmp_path / "executed"
     start = time.monotonic()
-    # papermill raises PapermillExecutionError, with the cell and traceback,
-    # if any cell fails.
-    executed = execute(
-        source, tmp_path / f"{name}.ipynb", SMALL[name], kernel, tmp_path
-    )
-    seconds = time.monotonic() - start
-    print(f"{name}: {seconds:.1f} s")
-    figures = [
-        o
-        for c in executed.cells
-        for o in c.get("outputs", [])
-        if "image/png" in o.get("data", {})
-    ]
-    assert figures, "the notebook draws at least one figure"
-
-
-def test_docs_build_strict(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
@@ -192,22 +133,47 @@ def test_docs_build_strict(tmp_path):
             str(tmp_path / "site"),
         ],
         cwd=ROOT,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={
+            **os.environ,
+            "NO_MKDOCS_2_WARNING": "1",
+            "KERAS_SKIP_TUTORIALS_CACHE": str(cache),
+        },
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1200,
     )
+    print(f"docs build with the notebooks: {time.monotonic() - start:.1f} s")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     site = tmp_path / "site"
     assert (site / "api" / "index.html").exists()
     assert (site / "release" / "index.html").exists()
+    for name in SMALL:
+        (executed,) = cache.glob(f"{name}-*.ipynb")
+        notebook = nbformat.read(executed, as_version=4)
+        figures = [
+            o
+            for c in notebook.cells
+            for o in c.get("outputs", [])
+            if "image/png" in o.get("data", {})
+        ]
+        assert figures, f"{name} draws at least one figure"
+        page = (site / "tutorials" / name / "index.html").read_text()
+        assert page.count('<img alt="png"') == len(figures), name
+        assert "Executed when this site was built" in page
+        last_output = next(
+            o["text"]
+            for c in reversed(notebook.cells)
+            for o in reversed(c.get("outputs", []))
+            if o.get("name") == "stdout"
+        )
+        assert html.escape(last_output.strip().splitlines()[-1]) in page, name
     pages = sorted(site.rglob("*.html"))
     for page in pages:
-        html = page.read_text()
-        text = re.sub(r"<(script|style)\b.*?</\1>", "", html, flags=re.S)
+        text = page.read_text()
+        shown = re.sub(r"<(script|style)\b.*?</\1>", "", text, flags=re.S)
         for raw in ("::: keras_skip", "--8&lt;--", "--8<--"):
-            assert raw not in text, f"{page.relative_to(site)} shows raw {raw!r}"
-        for source in re.findall(r'<img[^>]+src="([^"]+)"', html):
+            assert raw not in shown, f"{page.relative_to(site)} shows raw {raw!r}"
+        for source in re.findall(r'<img[^>]+src="([^"]+)"', text):
             if source.startswith(("http:", "https:", "data:")):
                 continue
             image = (page.parent / source.split("#")[0]).resolve()

@@ -110,22 +110,34 @@ def test_the_wheel_holds_the_package_its_metadata_and_its_license(dist):
         assert f"{root}/{name}" in members, name
 
 
-def test_the_wheel_installs_into_a_fresh_environment_and_trains(dist, tmp_path):
-    """A new environment sees this one's Keras and TensorFlow (a path file)
-    but not the checkout: keras-skip comes from the wheel alone."""
-    wheel, _ = dist
-    venv = tmp_path / "venv"
+def fresh_environment(venv: pathlib.Path) -> pathlib.Path:
+    """A new virtual environment that sees this one's installed packages
+    (Keras, TensorFlow) but not keras-skip: a path file names a directory of
+    links to everything this environment installed except keras-skip's own
+    entries (the checkout's editable install). Returns its interpreter."""
     created = run([sys.executable, "-m", "venv", str(venv)])
     assert created.returncode == 0, created.stderr
     python = venv / "bin" / "python"
     purelib = run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
     ).stdout.strip()
-    # Only this environment's installed packages: a plain path, whose own path
-    # files (the checkout's editable install among them) are not processed.
-    pathlib.Path(purelib, "test-environment.pth").write_text(
-        sysconfig.get_path("purelib") + "\n"
-    )
+    others = venv / "test-environment"
+    others.mkdir()
+    for entry in pathlib.Path(sysconfig.get_path("purelib")).iterdir():
+        if not entry.name.lower().startswith(("keras_skip", "__editable__")):
+            (others / entry.name).symlink_to(entry)
+    pathlib.Path(purelib, "test-environment.pth").write_text(f"{others}\n")
+    return python
+
+
+#: Where the fresh environments run: no checkout on the path.
+ISOLATED = {"PYTHONPATH": "", "PYTHONNOUSERSITE": "1"}
+
+
+def test_the_wheel_installs_into_a_fresh_environment_and_trains(dist, tmp_path):
+    wheel, _ = dist
+    venv = tmp_path / "venv"
+    python = fresh_environment(venv)
     installed = run(
         [
             str(python),
@@ -142,13 +154,103 @@ def test_the_wheel_installs_into_a_fresh_environment_and_trains(dist, tmp_path):
     assert installed.returncode == 0, installed.stdout + installed.stderr
     work = tmp_path / "work"
     work.mkdir()
-    env = {"PYTHONPATH": "", "PYTHONNOUSERSITE": "1"}
-    used = run([str(python), "-c", USE_THE_WHEEL], cwd=work, env=env)
+    used = run([str(python), "-c", USE_THE_WHEEL], cwd=work, env=ISOLATED)
     assert used.returncode == 0, used.stderr[-3000:]
     found = json.loads(used.stdout.splitlines()[-1])
     assert pathlib.Path(found["file"]).is_relative_to(venv), found
     assert found["version"] == found["metadata"] == keras_skip.__version__
     assert found["loss"][-1] < found["loss"][0]
-    version = run([str(venv / "bin" / "keras-skip"), "--version"], cwd=work, env=env)
+    version = run(
+        [str(venv / "bin" / "keras-skip"), "--version"], cwd=work, env=ISOLATED
+    )
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == f"keras-skip {keras_skip.__version__}"
+
+
+def install_cell() -> str:
+    """The first code cell of every notebook: the Colab install (all alike)."""
+    import nbformat
+
+    cells = {
+        next(
+            c.source
+            for c in nbformat.read(path, as_version=4).cells
+            if c.cell_type == "code"
+        )
+        for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+    }
+    assert len(cells) == 1, "the notebooks' install cells differ"
+    cell = cells.pop()
+    shown = (ROOT / "docs" / "colab_install.py").read_text()
+    assert cell.strip() == shown.strip(), "the installation page shows another cell"
+    return cell
+
+
+def run_as_on_colab(python, cell, cwd, **env):
+    colab = "import sys, types; sys.modules['google.colab'] = types.ModuleType('c')\n"
+    return run(
+        [
+            str(python),
+            "-c",
+            colab + cell + "\nimport keras_skip; print(keras_skip.__file__)",
+        ],
+        cwd=cwd,
+        env={**ISOLATED, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env},
+    )
+
+
+def test_the_notebooks_install_the_release_on_colab(dist, tmp_path):
+    """The install cell, run as on Colab against an index that holds the
+    release (the built wheel), installs it; against one that does not, it
+    fails with the alternatives."""
+    wheel, _ = dist
+    venv = tmp_path / "venv"
+    python = fresh_environment(venv)
+    cell = install_cell()
+    empty = tmp_path / "empty-index"
+    empty.mkdir()
+    failed = run_as_on_colab(
+        python, cell, tmp_path, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(empty)
+    )
+    assert failed.returncode != 0
+    assert "RuntimeError: pip could not install keras-skip" in failed.stderr
+    assert "keras-skip[demo] @ git+https://github.com/" in failed.stderr
+    assert "python -m build" in failed.stderr
+    installed = run_as_on_colab(
+        python, cell, tmp_path, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheel.parent)
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    assert pathlib.Path(installed.stdout.splitlines()[-1]).is_relative_to(venv)
+    assert "restart the session" not in installed.stdout  # Keras was not replaced
+
+
+def test_the_repository_and_the_site_are_named_alike_everywhere():
+    """pyproject.toml names the repository and the documentation site; every
+    link of the README, the docs, the notebooks and mkdocs.yml uses them."""
+    import re
+
+    source = PROJECT["urls"]["Source"]
+    site = PROJECT["urls"]["Documentation"]
+    owner, name = source.removeprefix("https://github.com/").split("/")
+    files = [
+        ROOT / "README.md",
+        ROOT / "mkdocs.yml",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "docs").glob("*.py")),
+        *sorted((ROOT / "notebooks").glob("*.ipynb")),
+    ]
+    seen = 0
+    for path in files:
+        text = path.read_text()
+        for match in re.finditer(r"github\.com/([\w.-]+)/([\w.-]+)", text):
+            seen += 1
+            assert (match[1], match[2].removesuffix(".git")) == (owner, name), (
+                path.name,
+                match[0],
+            )
+        for match in re.finditer(r"https://[\w.-]+\.github\.io/[\w.-]*/?", text):
+            assert match[0] == site, (path.name, match[0])
+    assert seen > 10
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    assert f"site_url: {site}\n" in mkdocs and f"repo_url: {source}\n" in mkdocs
+    assert PROJECT["urls"]["Changelog"].startswith(source + "/")
