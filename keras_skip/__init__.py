@@ -14,9 +14,21 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+from typing import TYPE_CHECKING
 
 from keras_skip import _environment
 from keras_skip._version import __version__
+
+if TYPE_CHECKING:  # for type checkers and the API reference; loaded lazily
+    from keras_skip._compat import apply_keras_fixes
+    from keras_skip.adaptive import choose_interval
+    from keras_skip.callbacks import (
+        AdaptiveIntervalCallback,
+        BackupAndRestore,
+        SkipCorrectionCallback,
+    )
+    from keras_skip.multi_worker import multi_worker_strategy
+    from keras_skip.optimizer import SkipCorrectionOptimizer
 
 _environment.check()
 

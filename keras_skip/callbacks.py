@@ -333,6 +333,19 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         max_interval: Integer >= 1, default 64. Upper bound of the interval.
         verbose: 0 or 1 (default): print the decision.
 
+    Attributes:
+        decision: The decision in force, an `IntervalDecision` (interval,
+            `t_comp`, `t_comm`), once known; None before.
+        probes: Probes this callback ran: 1, or 0 when a decision restored
+            from a checkpoint was kept.
+        restarts: Rounds the probe ran again because an epoch boundary
+            broke them.
+        overhead_seconds: Seconds spent choosing the interval beyond
+            training itself.
+        collectives: Collectives the choice added (one small all-reduce
+            with several workers, none with one).
+        bytes_sent: Bytes per replica the choice put into collectives.
+
     Example:
 
     ```python
@@ -359,14 +372,9 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self.target_ratio = _checks.positive("target_ratio", target_ratio)
         self.max_interval = _checks.integer("max_interval", max_interval, minimum=1)
         self.verbose = verbose
-        #: The decision in force (an `IntervalDecision`), once known.
         self.decision: adaptive.IntervalDecision | None = None
-        #: Probes run by this callback (0 when a restored decision was kept),
-        #: and rounds they ran again (an epoch boundary inside one).
         self.probes = 0
         self.restarts = 0
-        #: Seconds, collectives and bytes per replica spent on choosing the
-        #: interval, beyond training itself.
         self.overhead_seconds = 0.0
         self.collectives = 0
         self.bytes_sent = 0

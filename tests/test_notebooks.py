@@ -147,6 +147,23 @@ def test_docs_build_strict_with_the_executed_notebooks(tmp_path):
     site = tmp_path / "site"
     assert (site / "api" / "index.html").exists()
     assert (site / "release" / "index.html").exists()
+    api = (site / "api" / "index.html").read_text()
+    import keras_skip
+
+    for name in keras_skip.__all__:
+        if name != "__version__":
+            assert f'id="keras_skip.{name}"' in api, name
+    private = set(re.findall(r"keras_skip(?:\.\w+)*\._[a-z]\w*", api))
+    assert not private, f"the API reference shows private names: {private}"
+    for attribute in (
+        "decision",
+        "probes",
+        "restarts",
+        "overhead_seconds",
+        "collectives",
+        "bytes_sent",
+    ):
+        assert f'title="keras_skip.AdaptiveIntervalCallback.{attribute}"' in api
     for name in SMALL:
         (executed,) = cache.glob(f"{name}-*.ipynb")
         notebook = nbformat.read(executed, as_version=4)

@@ -254,3 +254,44 @@ def test_the_repository_and_the_site_are_named_alike_everywhere():
     mkdocs = (ROOT / "mkdocs.yml").read_text()
     assert f"site_url: {site}\n" in mkdocs and f"repo_url: {source}\n" in mkdocs
     assert PROJECT["urls"]["Changelog"].startswith(source + "/")
+
+
+def test_generated_tables_and_headline_numbers_match_the_results():
+    """The latency table of the benchmarks page is what
+    `keras_skip.bench.tables` prints from the committed results, and the
+    README's headline numbers are those results'."""
+    import re
+
+    from keras_skip.bench import tables
+
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    generated = re.findall(
+        r"<!-- generated: python -m keras_skip\.bench\.tables latency ([^>]*) -->\n"
+        r"(.*?)<!-- end of generated table -->",
+        page,
+        flags=re.S,
+    )
+    assert len(generated) == 1
+    paths, shown = generated[0]
+    results = [tables.load(ROOT / path) for path in paths.split()]
+    assert shown == tables.latency_table(results)
+    for path in paths.split():
+        text = (ROOT / path).read_text()
+        assert "/tmp" not in text and '"out"' not in text and '"plots"' not in text
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    at_0ms = tables.headline(tables.load(ROOT / "docs/results/latency-0ms.json"))
+    at_50ms = tables.headline(tables.load(ROOT / "docs/results/latency-50ms.json"))
+    assert at_0ms["best_method"] == "skip+correction (interval 32)"
+    expected = (
+        f"skip+correction at interval 32 reached {at_0ms['target']:.2f} validation "
+        f"accuracy in **{at_0ms['best_seconds']} s** of training against "
+        f"**{at_0ms['sync_seconds']} s** for synchronous SGD "
+        f"(**{at_0ms['best_vs_sync']:.3f}x**), at the same final accuracy "
+        f"({at_0ms['best_accuracy']:.3f} and {at_0ms['sync_accuracy']:.3f})",
+        f"without any communication, took {at_0ms['bound_seconds']} s",
+        f"synchronous SGD took {at_50ms['sync_seconds']} s and skip+correction "
+        f"{at_50ms['best_seconds']} s ({at_50ms['best_vs_sync']:.3f}x)",
+    )
+    for sentence in expected:
+        assert sentence in readme, sentence
