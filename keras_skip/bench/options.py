@@ -45,38 +45,28 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _number(text: str, allowed, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    if not allowed(value):  # NaN fails every comparison
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _number(text, lambda v: v > 0, "a number > 0")
 
 
 def fraction(text: str) -> float:
     """A momentum: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
-    return value
+    return _number(text, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 def accuracy(text: str) -> float:
     """A target accuracy: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(
-            f"must be an accuracy in (0, 1], such as 0.88, got {text!r}"
-        )
-    return value
+    return _number(text, lambda v: 0 < v <= 1, "an accuracy in (0, 1], such as 0.88")
 
 
 def bandwidth(text: str) -> str | None:
