@@ -266,18 +266,23 @@ def test_generated_tables_and_headline_numbers_match_the_results():
 
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     generated = re.findall(
-        r"<!-- generated: python -m keras_skip\.bench\.tables latency ([^>]*) -->\n"
+        r"<!-- generated: python -m keras_skip\.bench\.tables (latency|run) "
+        r"([^>]*) -->\n"
         r"(.*?)<!-- end of generated table -->",
         page,
         flags=re.S,
     )
-    assert len(generated) == 1
-    paths, shown = generated[0]
-    results = [tables.load(ROOT / path) for path in paths.split()]
-    assert shown == tables.latency_table(results)
-    for path in paths.split():
-        text = (ROOT / path).read_text()
-        assert "/tmp" not in text and '"out"' not in text and '"plots"' not in text
+    assert {kind for kind, _, _ in generated} == {"latency", "run"}
+    for kind, paths, shown in generated:
+        results = [tables.load(ROOT / path) for path in paths.split()]
+        if kind == "latency":
+            assert shown == tables.latency_table(results)
+        else:
+            assert shown == tables.run_table(*results)
+        for path in paths.split():
+            text = (ROOT / path).read_text()
+            assert "/tmp" not in text and '"out"' not in text, path
+            assert '"plots"' not in text, path
 
     readme = " ".join((ROOT / "README.md").read_text().split())
     at_0ms = tables.headline(tables.load(ROOT / "docs/results/latency-0ms.json"))

@@ -6,6 +6,7 @@ that the page shows what it prints::
 
     python -m keras_skip.bench.tables publish RUN/results.json docs/results/NAME.json
     python -m keras_skip.bench.tables latency docs/results/latency-*.json
+    python -m keras_skip.bench.tables run docs/results/demo.json
 
 ``publish`` copies a run's results without the paths of the machine that
 made them (its output directory and plots).
@@ -88,6 +89,51 @@ def latency_table(results: Sequence[dict]) -> str:
     return header + "\n".join(lines) + "\n"
 
 
+def run_table(result: dict) -> str:
+    """The table of one run, a row per method, as the benchmarks page shows
+    it (the terminal's table of ``keras-skip bench`` in Markdown)."""
+
+    def cell(value, spec, suffix=""):
+        return "-" if value is None else f"{value:{spec}}{suffix}"
+
+    stopped = result.get("arguments", {}).get("stop_at_target")
+    final = (
+        "accuracy at the stop"
+        if stopped
+        else f"accuracy after {result['epochs']} epochs"
+    )
+    lines = [
+        f"| method | time to {result['target']:.2f} | epochs | vs sync | vs bound "
+        f"| {final} | s / epoch | compute | syncs "
+        "| MB sent (wire) | interval |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in result["rows"]:
+        if SOLO in entry["method"]:
+            continue
+        wire = entry.get("wire_mb")
+        lines.append(
+            "| "
+            + " | ".join(
+                (
+                    entry["method"],
+                    cell(entry.get("time_to_target"), ".1f", " s"),
+                    cell(entry.get("epochs_to_target"), "d"),
+                    cell(entry.get("vs_sync"), ".3f", "x"),
+                    cell(entry.get("vs_bound"), ".2f", "x"),
+                    cell(entry.get("final_accuracy"), ".4f"),
+                    cell(entry.get("epoch_seconds"), ".2f"),
+                    cell(entry.get("utilization"), ".0%"),
+                    cell(entry.get("synchronizations"), "d"),
+                    cell(wire if wire is not None else entry.get("payload_mb"), ",.0f"),
+                    str(entry.get("interval", "-")),
+                )
+            )
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def headline(result: dict) -> dict:
     """The README's numbers: synchronous SGD against the fastest
     skip+correction method of ``result``, to its target."""
@@ -119,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if len(argv) >= 2 and argv[0] == "latency":
         print(latency_table([load(path) for path in argv[1:]]), end="")
+        return 0
+    if len(argv) == 2 and argv[0] == "run":
+        print(run_table(load(argv[1])), end="")
         return 0
     if len(argv) == 2 and argv[0] == "headline":
         print(json.dumps(headline(load(argv[1])), indent=1))
