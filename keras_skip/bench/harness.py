@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from keras_skip.bench import launcher, links, options
+from keras_skip.bench import launcher, links, options, tables
 from keras_skip.bench.worker import OPTION_METHODS
 
 ALL_METHODS = (
@@ -319,9 +319,6 @@ def _interval_text(r: MethodResult) -> str:
 
 
 def format_table(rows: list[dict], target: float) -> str:
-    def fmt(value, spec, suffix=""):
-        return "-" if value is None else f"{value:{spec}}{suffix}"
-
     header = (
         "method",
         f"time to {target:.3f}",
@@ -335,28 +332,7 @@ def format_table(rows: list[dict], target: float) -> str:
         "MB sent",
         "interval",
     )
-    lines = [header]
-    for row in rows:
-        lines.append(
-            (
-                row["method"],
-                fmt(row.get("time_to_target"), ".1f", " s"),
-                fmt(row.get("epochs_to_target"), "d"),
-                fmt(row.get("vs_sync"), ".3f", "x"),
-                fmt(row.get("vs_bound"), ".2f", "x"),
-                fmt(row.get("final_accuracy"), ".4f"),
-                fmt(row.get("epoch_seconds"), ".2f"),
-                fmt(row.get("utilization"), ".0%"),
-                fmt(row.get("synchronizations"), "d"),
-                fmt(
-                    row.get("wire_mb")
-                    if row.get("wire_mb") is not None
-                    else row.get("payload_mb"),
-                    ".1f",
-                ),
-                row.get("interval", "-"),
-            )
-        )
+    lines = [header, *(tables.cells(row, megabytes=".1f") for row in rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = [
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))

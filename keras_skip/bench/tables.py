@@ -89,13 +89,32 @@ def latency_table(results: Sequence[dict]) -> str:
     return header + "\n".join(lines) + "\n"
 
 
-def run_table(result: dict) -> str:
-    """The table of one run, a row per method, as the benchmarks page shows
-    it (the terminal's table of ``keras-skip bench`` in Markdown)."""
+def cells(entry: dict, megabytes: str = ",.0f") -> tuple[str, ...]:
+    """A results row's cells, as the run tables show them (``-`` where a
+    method has no value); ``megabytes`` formats the MB sent."""
 
     def cell(value, spec, suffix=""):
         return "-" if value is None else f"{value:{spec}}{suffix}"
 
+    wire = entry.get("wire_mb")
+    return (
+        entry["method"],
+        cell(entry.get("time_to_target"), ".1f", " s"),
+        cell(entry.get("epochs_to_target"), "d"),
+        cell(entry.get("vs_sync"), ".3f", "x"),
+        cell(entry.get("vs_bound"), ".2f", "x"),
+        cell(entry.get("final_accuracy"), ".4f"),
+        cell(entry.get("epoch_seconds"), ".2f"),
+        cell(entry.get("utilization"), ".0%"),
+        cell(entry.get("synchronizations"), "d"),
+        cell(wire if wire is not None else entry.get("payload_mb"), megabytes),
+        str(entry.get("interval", "-")),
+    )
+
+
+def run_table(result: dict) -> str:
+    """The table of one run, a row per method, as the benchmarks page shows
+    it (the terminal's table of ``keras-skip bench`` in Markdown)."""
     stopped = result.get("arguments", {}).get("stop_at_target")
     final = (
         "accuracy at the stop"
@@ -104,33 +123,14 @@ def run_table(result: dict) -> str:
     )
     lines = [
         f"| method | time to {result['target']:.2f} | epochs | vs sync | vs bound "
-        f"| {final} | s / epoch | compute | syncs "
-        "| MB sent (wire) | interval |",
+        f"| {final} | s / epoch | compute | syncs | MB sent (wire) | interval |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for entry in result["rows"]:
-        if SOLO in entry["method"]:
-            continue
-        wire = entry.get("wire_mb")
-        lines.append(
-            "| "
-            + " | ".join(
-                (
-                    entry["method"],
-                    cell(entry.get("time_to_target"), ".1f", " s"),
-                    cell(entry.get("epochs_to_target"), "d"),
-                    cell(entry.get("vs_sync"), ".3f", "x"),
-                    cell(entry.get("vs_bound"), ".2f", "x"),
-                    cell(entry.get("final_accuracy"), ".4f"),
-                    cell(entry.get("epoch_seconds"), ".2f"),
-                    cell(entry.get("utilization"), ".0%"),
-                    cell(entry.get("synchronizations"), "d"),
-                    cell(wire if wire is not None else entry.get("payload_mb"), ",.0f"),
-                    str(entry.get("interval", "-")),
-                )
-            )
-            + " |"
-        )
+    lines += [
+        "| " + " | ".join(cells(entry)) + " |"
+        for entry in result["rows"]
+        if SOLO not in entry["method"]
+    ]
     return "\n".join(lines) + "\n"
 
 
