@@ -91,7 +91,7 @@ class IntervalProbe:
         self._calls_per_round = 1 if steps >= 2 else 2
         #: Local steps per round.
         self.round_steps = steps * self._calls_per_round
-        strategy = optimizer._distribution_strategy
+        strategy = optimizer.steering.strategy
         self._workers = multi_worker.num_workers(strategy)
         self._gather_bytes = (
             8 * strategy.num_replicas_in_sync * multi_worker.GATHER_WIDTH
@@ -117,10 +117,10 @@ class IntervalProbe:
         begin = time.perf_counter()
         optimizer = self.optimizer
         if self._counters is None:
-            self._counters = optimizer._counters()
+            self._counters = self._read_counters()
         local_steps, _ = self._counters
         self._active = True
-        optimizer._override_interval(
+        optimizer.steering.hold(
             self.NEVER if self._round == 1 else local_steps + self.round_steps
         )
         self._started = time.perf_counter()
@@ -134,7 +134,7 @@ class IntervalProbe:
             return None
         self._calls = 0
         # Reading the counters also waits for the round's steps to end.
-        counters = self.optimizer._counters()
+        counters = self._read_counters()
         end = time.perf_counter()
         local_steps, averages = self._counters
         if self._round == 1:
@@ -157,6 +157,10 @@ class IntervalProbe:
         self.overhead_seconds += time.perf_counter() - end
         return self.decision
 
+    def _read_counters(self) -> tuple[int, int]:
+        counters = self.optimizer.steering.counters()
+        return counters.local_steps, counters.averages
+
     def interrupt(self) -> None:
         """Tells the probe that an epoch boundary took an average: a round in
         progress is run again, and the next round reads the counters anew."""
@@ -171,7 +175,7 @@ class IntervalProbe:
         measured = np.array([[without, with_average]])
         if self._workers > 1:
             measured = multi_worker.gather(
-                self.optimizer._distribution_strategy, measured[0]
+                self.optimizer.steering.strategy, measured[0]
             )
             self.collectives += 1
             self.bytes_sent += self._gather_bytes
@@ -179,14 +183,14 @@ class IntervalProbe:
             measured, self.round_steps, self.target_ratio, self.max_interval
         )
         self._active = False
-        self.optimizer._record_interval_decision(self.decision)
+        self.optimizer.steering.record(self.decision)
 
     def cancel(self) -> None:
         """Gives up a probe before its decision and gives the optimizer back
         the interval it had before, so that no probe interval is left."""
         if self._active:
             self._active = False
-            self.optimizer._end_override()
+            self.optimizer.steering.release()
         self._counters = None
         self._round = self._calls = 0
 

@@ -100,7 +100,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         _compat.prepare_model(self.model)
         optimizer.attach(self.model)
         multi_worker.check_same_configuration(
-            optimizer._distribution_strategy,
+            optimizer.steering.strategy,
             {
                 "keras-skip version": _version.__version__,
                 "callback": type(self).__name__,
@@ -121,7 +121,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             },
         )
         self._check_overlap()
-        if multi_worker.num_workers(optimizer._distribution_strategy) > 1:
+        if multi_worker.num_workers(optimizer.steering.strategy) > 1:
             # Runs after every other callback, so that it sees the
             # `stop_training` any of them set.
             callbacks = _compat.calling_callback_list(self)
@@ -172,27 +172,28 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         optimizer = self._optimizer
         if steps is None or not optimizer.built:
             return
-        if optimizer._overridden():
+        steering = optimizer.steering
+        if steering.held:
             return  # the adaptive probe's rounds
         count = min(self.model.steps_per_execution, steps - batch)
         if batch + count < steps:
             return
-        due = optimizer._local_steps_now() + count
+        due = steering.local_steps() + count
         # At 1 the step would be synchronous; at or beyond the interval the
         # schedule averages in this execution anyway.
-        if 1 < due < optimizer._interval_now():
-            optimizer._override_interval(due)
+        if 1 < due < steering.interval_now():
+            steering.hold(due)
             self._overridden = True
         elif optimizer.overlap:
             # An average due at the last step is the boundary average: full,
             # where an overlapped one would need another after it.
-            optimizer._full_average_at(optimizer._iterations_now() + count - 1)
+            steering.full_average_at(steering.counters().iterations + count - 1)
             self._overridden = True
 
     def on_train_batch_end(self, batch, logs=None):
         if self._overridden:
             self._overridden = False
-            self._optimizer._end_override()
+            self._optimizer.steering.release()
         steps = self.params.get("steps") if self.params else None
         if steps is not None and batch + 1 >= steps:
             self._optimizer.average()
@@ -259,17 +260,18 @@ class _StopAgreement(keras.callbacks.Callback):
         self._agreed = False
 
     def on_train_batch_end(self, batch, logs=None):
-        optimizer = self._optimizer
+        steering = self._optimizer.steering
         if self._agreed:
             self.model.stop_training = True
             return
         if self.model.stop_training:
             self.model.stop_training = False
             if self._voted_at is None:
-                optimizer._vote_stop()
-                self._voted_at = optimizer._synchronizations()
-        if optimizer._stop_votes() > 0 and (
-            self._voted_at is None or optimizer._synchronizations() > self._voted_at
+                steering.vote_stop()
+                self._voted_at = steering.counters().synchronizations
+        if steering.stop_votes() > 0 and (
+            self._voted_at is None
+            or steering.counters().synchronizations > self._voted_at
         ):
             self._agreed = self.model.stop_training = True
 
@@ -279,13 +281,13 @@ class _StopAgreement(keras.callbacks.Callback):
             return
         wants = self.model.stop_training or self._voted_at is not None
         votes = multi_worker.sum_over_workers(
-            self._optimizer._distribution_strategy, [1.0 if wants else 0.0]
+            self._optimizer.steering.strategy, [1.0 if wants else 0.0]
         )
         self._agreed = self.model.stop_training = bool(votes[0] > 0)
 
     def finish(self) -> None:
         """Clears this worker's vote, for a later `fit`."""
-        self._optimizer._vote_stop(False)
+        self._optimizer.steering.vote_stop(False)
         self._voted_at = None
         self._agreed = False
 

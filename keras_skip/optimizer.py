@@ -13,6 +13,10 @@ from keras.src.utils import tracking
 from tensorflow.python.distribute import values as _tf_values
 
 from keras_skip import _checks, _compat, _replica_state, maths
+from keras_skip.steering import Steering
+from keras_skip.steering import first_copy as _first_copy
+from keras_skip.steering import tf_variable as _tf_variable
+from keras_skip.steering import write as _set
 
 _compat.check_versions()
 
@@ -251,10 +255,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # Per slot variable (by id), the constant it starts from, for
         # optimizer_state="reset".
         self._slot_starts: dict[int, float] = {}
-        # While the host overrides the interval variable for a few steps (the
-        # adaptive probe's rounds, an epoch's last step), the interval outside
-        # them, which `interval` returns and checkpoints save.
-        self._interval_outside_override: int | None = None
+        # Bound to the state when built (see `steering`).
+        object.__setattr__(self, "_steering", Steering(self._distribution_strategy))
 
     # ------------------------------------------------------------------
     # Configuration and inspectable state.
@@ -265,15 +267,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """Local steps between two averages; settable between steps."""
         if not self.built:
             return self._initial_interval
-        if self._interval_outside_override is not None:
-            return self._interval_outside_override
+        if self._steering.held:
+            return self._steering.interval_outside_hold
         return int(self._interval_variable.numpy())
 
     @interval.setter
     def interval(self, value: int) -> None:
         value = _checks.integer("interval", value, minimum=1)
-        if self._interval_outside_override is not None:
-            self._interval_outside_override = value
+        if self.built and self._steering.held:
+            self._steering.interval_outside_hold = value
         elif self.built:
             _set(self._interval_variable, value)
         else:
@@ -373,83 +375,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             float(self._decision_t_comm.numpy()),
         )
 
-    def _counters(self) -> tuple[int, int]:
-        """(local steps since the last average, averages performed), as
-        `local_steps_since_average` and `averages_performed` count them, read
-        from the first local copies: the adaptive probe's read between calls,
-        a few read operations instead of the mirrored variables' machinery."""
-        carried = int(_read(self._carried)) if self._overlap else 0
-        return self._local_steps_now() + carried, int(_read(self._averages))
-
-    def _local_steps_now(self) -> int:
-        """Local steps the interval counts since the last average (without
-        the step an overlapped average ran alongside)."""
-        return int(_read(self._local_steps))
-
-    def _interval_now(self) -> int:
-        """The interval variable as the train function sees it."""
-        return int(_read(self._interval_variable))
-
-    def _override_interval(self, due: int) -> None:
-        """Between executions: the next average is due when the local step
-        count reaches `due`, and is a full average, until `_end_override()`.
-        `interval` and checkpoints keep the interval outside the override."""
-        if self._interval_outside_override is None:
-            self._interval_outside_override = self._interval_now()
-        _set(self._interval_variable, due)
-        if self._overlap:
-            self._full_average_at(
-                self._iterations_now() + due - self._local_steps_now() - 1
-            )
-
-    def _overridden(self) -> bool:
-        """Whether the host holds the interval variable (`_override_interval`)."""
-        return self._interval_outside_override is not None
-
-    def _end_override(self, interval: int | None = None) -> None:
-        """Gives the interval variable back the interval outside the
-        override, or `interval` if given, and ends `_full_average_at`."""
-        outside = self._interval_outside_override
-        if outside is not None:
-            self._interval_outside_override = None
-            _set(self._interval_variable, outside if interval is None else interval)
-        elif interval is not None:
-            self.interval = interval
-        if self._overlap:
-            self._full_average_at(-1)
-
-    def _full_average_at(self, step: int) -> None:
-        """With `overlap`: an average due at optimizer step `step` (0-based)
-        is a full one; -1 for none."""
-        _set(self._full_at, step)
-
-    def _iterations_now(self) -> int:
-        return int(_read(self._iterations))
-
-    # The stop vote (several workers; see `SkipCorrectionCallback`).
-
-    def _synchronizations(self) -> int:
-        """Averages and synchronous steps so far: the moments at which the
-        workers exchange anything, read from the first local copies."""
-        return int(_read(self._averages)) + int(_read(self._synchronous))
-
-    def _vote_stop(self, vote: bool = True) -> None:
-        """Sets this worker's stop vote, which the next synchronization
-        carries to every worker (no-op with a single worker)."""
-        for v in self._votes:
-            _set(v, 1.0 if vote else 0.0)
-
-    def _stop_votes(self) -> float:
-        """This worker's copy of the vote: its own vote until the next
-        synchronization, then the mean of every replica's; 0 with a single
-        worker."""
-        return float(_read(self._votes[0])) if self._votes else 0.0
-
-    def _record_interval_decision(self, decision) -> None:
-        self._end_override(decision.interval)
-        _set(self._decided, decision.interval)
-        _set(self._decision_t_comp, decision.t_comp)
-        _set(self._decision_t_comm, decision.t_comm)
+    @property
+    def steering(self) -> Steering:
+        """The interface through which callbacks steer the averages between
+        executions of the train function (see `keras_skip.steering.Steering`):
+        counters, holding the interval, the adaptive decision, stop votes."""
+        return self._steering
 
     @property
     def learning_rate(self):
@@ -567,6 +498,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._decided = self.add_variable((), dtype="int64", name="decided_interval")
         self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
         self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
+        self._steering.bind(
+            interval=self._interval_variable,
+            local_steps=self._local_steps,
+            averages=self._averages,
+            synchronous=self._synchronous,
+            iterations=self._iterations,
+            decision=(self._decided, self._decision_t_comp, self._decision_t_comm),
+            votes=self._votes,
+            carried=self._carried if self._overlap else None,
+            full_at=self._full_at if self._overlap else None,
+        )
 
         if self._correction:
             self._corrections = self.add_optimizer_variables(var_list, "correction")
@@ -1181,8 +1123,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             return  # no state yet: a model saved before training
         for i, v in enumerate(self.variables):
-            if v is self._interval_variable and self._overridden():
-                store[str(i)] = np.int64(self._interval_outside_override)
+            if v is self._interval_variable and self._steering.held:
+                store[str(i)] = np.int64(self._steering.interval_outside_hold)
             elif self._overlap and v is self._full_at:
                 store[str(i)] = np.int64(-1)  # set only for one execution
             else:
@@ -1267,39 +1209,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 # ----------------------------------------------------------------------
 # Helpers.
 # ----------------------------------------------------------------------
-
-
-def _tf_variable(v):
-    return v.value if isinstance(v, keras.Variable) else v
-
-
-def _first_copy(variable):
-    """The first local copy of a (mirrored) optimizer variable."""
-    variable = _tf_variable(variable)
-    return getattr(variable, "values", (variable,))[0]
-
-
-def _read(variable) -> int | float:
-    """The value of the first local copy of an optimizer variable, eagerly:
-    one read operation, without the distributed machinery."""
-    copy = _first_copy(variable)
-    return tf.raw_ops.ReadVariableOp(resource=copy.handle, dtype=copy.dtype).numpy()
-
-
-def _set(variable, value) -> None:
-    """Writes `value` into an optimizer variable between steps.
-
-    Eagerly, each local copy of a mirrored variable is assigned directly: the
-    same result as `variable.assign(value)` in cross-replica context, with
-    one operation per copy (it matters to the adaptive probe's cost).
-    """
-    variable = _tf_variable(variable)
-    if not tf.executing_eagerly():
-        variable.assign(value)
-        return
-    value = tf.constant(value, variable.dtype)
-    for copy in getattr(variable, "values", (variable,)):
-        tf.raw_ops.AssignVariableOp(resource=copy.handle, value=value)
 
 
 def _when(distribution, pred, fn, variables, dtypes=()) -> list:

@@ -3,6 +3,7 @@
 import math
 import time
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -197,7 +198,7 @@ class Recorder(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         optimizer = self.model.optimizer
         self.intervals.append(
-            [int(c) for c in components(optimizer._interval_variable)]
+            [int(c) for c in components(internals.interval_variable(optimizer))]
         )
 
 
@@ -332,7 +333,7 @@ class IntervalAtEpochEnd(keras.callbacks.Callback):
         index = next(
             i
             for i, v in enumerate(optimizer.variables)
-            if v is optimizer._interval_variable
+            if v is internals.interval_variable(optimizer)
         )
         self.reported.append(optimizer.interval)
         self.saved.append(int(store[str(index)]))
@@ -378,11 +379,17 @@ def test_a_save_during_a_probe_round_stores_the_interval_outside_it(tmp_path):
     probe = IntervalProbe(optimizer, steps=2)
     probe.start()
     # The train function would now run the round's schedule.
-    assert [int(c) for c in components(optimizer._interval_variable)] == [2, 2]
+    assert [int(c) for c in components(internals.interval_variable(optimizer))] == [
+        2,
+        2,
+    ]
     assert optimizer.interval == 3
     model.save_weights(tmp_path / "during.weights.h5")
     probe.cancel()
-    assert [int(c) for c in components(optimizer._interval_variable)] == [3, 3]
+    assert [int(c) for c in components(internals.interval_variable(optimizer))] == [
+        3,
+        3,
+    ]
     assert not probe.probing and optimizer.interval == 3
     restored = new_model(mirrored(2))
     with restored.distribute_strategy.scope():

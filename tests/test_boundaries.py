@@ -1,5 +1,6 @@
 """Validation, checkpoints and the model after fit see the averaged model."""
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -228,7 +229,7 @@ def test_the_boundary_average_is_taken_by_the_last_step_where_it_can(
         callbacks=[last, keras_skip.SkipCorrectionCallback()],
     )
     optimizer = model.optimizer
-    assert (not optimizer._average_functions) == in_step
+    assert (not internals.separate_average_functions(optimizer)) == in_step
     assert optimizer.averages_performed == 2 * averages
     for epoch in range(2):
         # The last step's weights: identical on both replicas only when the
@@ -237,7 +238,9 @@ def test_the_boundary_average_is_taken_by_the_last_step_where_it_can(
         assert (spread == 0) == in_step
     assert max_replica_spread(model.trainable_variables) == 0.0
     assert optimizer.interval == interval
-    assert [int(c) for c in components(optimizer._interval_variable)] == [interval] * 2
+    assert [int(c) for c in components(internals.interval_variable(optimizer))] == [
+        interval
+    ] * 2
 
 
 def test_average_is_callable_eagerly_and_is_a_no_op_when_nothing_is_pending():

@@ -1,5 +1,6 @@
 """Compressed averages: 16-bit updates with error feedback."""
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -145,7 +146,7 @@ def test_unsent_errors_are_saved_per_replica_and_restored(tmp_path):
     model, optimizer = train_keras(
         mirrored(REPLICAS), make_keras, interval=3, compression="bfloat16"
     )
-    errors = [components(e) for e in optimizer._errors]
+    errors = [components(e) for e in internals.unsent(optimizer)]
     assert any(np.abs(c).max() > 0 for copies in errors for c in copies)
     assert any(
         not np.array_equal(copies[0], copies[1]) for copies in errors
@@ -155,7 +156,7 @@ def test_unsent_errors_are_saved_per_replica_and_restored(tmp_path):
     with mirrored(REPLICAS).scope():
         loaded = keras.models.load_model(path)
     assert loaded.optimizer.compression == "bfloat16"
-    for saved, restored in zip(errors, loaded.optimizer._errors, strict=True):
+    for saved, restored in zip(errors, internals.unsent(loaded.optimizer), strict=True):
         for a, b in zip(saved, components(restored), strict=True):
             np.testing.assert_array_equal(a, b)
 

@@ -1,5 +1,6 @@
 """SkipCorrectionOptimizer in a custom training loop (strategy.run + GradientTape)."""
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -213,10 +214,12 @@ def test_tf_train_checkpoint_restores_every_replica_and_training_continues_exact
         weights_of(resumed), weights_of(uninterrupted), rtol=1e-6
     )
     assert (
-        max_replica_spread(optimizer_b._slot_variables()) > 0
+        max_replica_spread(internals.slot_variables(optimizer_b)) > 0
     )  # slots differ per replica
     for a, b in zip(
-        optimizer_a._slot_variables(), optimizer_b._slot_variables(), strict=True
+        internals.slot_variables(optimizer_a),
+        internals.slot_variables(optimizer_b),
+        strict=True,
     ):
         for ca, cb in zip(components(a), components(b), strict=True):
             np.testing.assert_allclose(cb, ca, rtol=1e-6, atol=1e-9)
@@ -235,10 +238,10 @@ def test_checkpoint_restored_on_another_replica_count_warns(tmp_path):
     )
     with pytest.warns(UserWarning, match="corrections restart from zero"):
         tf.train.Checkpoint(optimizer=other).restore(path)
-    for c in other._corrections:
+    for c in internals.corrections(other):
         assert all(not np.any(copy) for copy in components(c))
-    momentum = other._slot_variables()[0]
-    expected = np.mean(components(optimizer._slot_variables()[0]), axis=0)
+    momentum = internals.slot_variables(other)[0]
+    expected = np.mean(components(internals.slot_variables(optimizer)[0]), axis=0)
     np.testing.assert_allclose(components(momentum)[0], expected, rtol=1e-6)
 
 
@@ -380,8 +383,8 @@ def test_choose_interval_gives_the_interval_back_when_a_round_raises():
         keras_skip.choose_interval(optimizer, failing_second_round, steps=1)
     assert optimizer.interval_decision is None
     assert optimizer.interval == 1
-    assert optimizer._interval_now() == 1  # no probe interval left behind
-    assert not optimizer._overridden()
+    assert optimizer.steering.interval_now() == 1  # no probe interval left behind
+    assert not optimizer.steering.held
     synchronous = optimizer.synchronous_steps
     step(next(batches))
     assert optimizer.synchronous_steps == synchronous + 1
@@ -398,19 +401,19 @@ def test_a_failed_choice_gives_back_the_interval_set_before():
     with pytest.raises(ValueError, match="ran more"):
         keras_skip.choose_interval(optimizer, one_step_too_many, steps=1)
     assert optimizer.interval_decision is None
-    assert optimizer.interval == optimizer._interval_now() == 4
+    assert optimizer.interval == optimizer.steering.interval_now() == 4
 
 
 def test_interval_set_during_an_override_applies_when_it_ends():
     _, optimizer, _, _ = traced_synchronous_loop()
     optimizer.interval = 4
-    optimizer._override_interval(2)
-    assert optimizer._interval_now() == 2
+    optimizer.steering.hold(2)
+    assert optimizer.steering.interval_now() == 2
     optimizer.interval = 6  # e.g. a callback, between steps
     assert optimizer.interval == 6
-    assert optimizer._interval_now() == 2  # the override still holds
-    optimizer._end_override()
-    assert optimizer._interval_now() == 6 and optimizer.interval == 6
+    assert optimizer.steering.interval_now() == 2  # the override still holds
+    optimizer.steering.release()
+    assert optimizer.steering.interval_now() == 6 and optimizer.interval == 6
 
 
 def test_interval_probe_refuses_calls_out_of_order():
@@ -423,4 +426,4 @@ def test_interval_probe_refuses_calls_out_of_order():
     probe.decision = IntervalDecision(2, 0.01, 0.02)
     with pytest.raises(RuntimeError, match=r"start\(\) after the decision"):
         probe.start()
-    assert not optimizer._overridden()
+    assert not optimizer.steering.held

@@ -1,6 +1,7 @@
 """The examples in the public docstrings run."""
 
 import doctest
+import importlib
 import re
 import textwrap
 
@@ -21,10 +22,14 @@ def python_blocks(obj):
         "SkipCorrectionCallback",
         "AdaptiveIntervalCallback",
         "BackupAndRestore",
+        "keras_skip.steering.Steering",
     ],
 )
 def test_class_docstring_example_runs(name, capsys):
-    cls = getattr(keras_skip, name)
+    cls = getattr(keras_skip, name, None)
+    if cls is None:
+        module, _, name = name.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
     blocks = python_blocks(cls)
     assert blocks, f"{name} has no example"
     for block in blocks:

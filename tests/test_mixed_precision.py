@@ -2,6 +2,7 @@
 
 from typing import ClassVar
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -103,7 +104,9 @@ def fit(model, epochs=2, callbacks=()):
 
 
 def skip_state_dtypes(optimizer):
-    state = [c.value for c in optimizer._corrections] + optimizer._slot_variables()
+    state = [
+        c.value for c in internals.corrections(optimizer)
+    ] + internals.slot_variables(optimizer)
     return {tf.as_dtype(v.dtype).name for v in state}
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 import types
 
+import internals
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -84,7 +85,7 @@ def mirrored_reference(n, with_history=False, slots=None, **overrides):
     weights = np.concatenate([w.ravel() for w in model.get_weights()])
     corrections = None
     if config["mode"] == "skip":
-        per_variable = [components(c) for c in model.optimizer._corrections]
+        per_variable = [components(c) for c in internals.corrections(model.optimizer)]
         corrections = [
             np.concatenate([copies[r].ravel() for copies in per_variable])
             for r in range(n)

@@ -23,6 +23,7 @@ A second property trains on one replica, where every drawn combination
 without an outer optimizer or compression must be the inner optimizer alone.
 """
 
+import internals
 import keras
 import numpy as np
 from conftest import components, max_replica_spread, mirrored
@@ -114,7 +115,7 @@ class Invariants(keras.callbacks.Callback):
         if optimizer.local_steps_since_average:
             return  # apart until the next average
         assert max_replica_spread(self.model.trainable_variables) == 0.0
-        for correction in optimizer._corrections:
+        for correction in internals.corrections(optimizer):
             if correction is None or self.compression:
                 continue
             copies = np.stack(components(correction))

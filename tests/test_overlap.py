@@ -2,6 +2,7 @@
 TensorFlow implementation against the reference, and the train function's
 structure that lets the all-reduce run while the step computes."""
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -330,7 +331,7 @@ def test_replicas_keep_their_last_step_until_the_next_average():
         mirrored(REPLICAS), INNERS["sgd"][0], interval=3, correction=1.0, overlap=True
     )
     assert optimizer.averages_performed == 2 * 2  # not 3 per epoch
-    assert not optimizer._average_functions  # in the last step, full
+    assert not internals.separate_average_functions(optimizer)  # in the last step, full
     expected = reference(maths.sgd(), interval=3, correction=1.0, overlap=True)
     assert expected.averages == optimizer.averages_performed
     assert_relative(weights_of(model), expected.x)
@@ -350,7 +351,7 @@ def test_custom_loop_average_takes_the_pending_step():
     assert optimizer.averages_performed == 1
     assert optimizer.local_steps_since_average == 1  # the overlapped step
     # The counters the adaptive probe reads count the same steps.
-    assert optimizer._counters() == (1, 1)
+    assert optimizer.steering.counters()[:2] == (1, 1)
     assert max_replica_spread(model.trainable_variables) > 0
     assert optimizer.average() is True
     assert optimizer.local_steps_since_average == 0
@@ -369,7 +370,7 @@ def test_adaptive_interval_with_overlap_probes_full_averages():
     )
     decision = optimizer.interval_decision
     assert decision is not None and decision.interval == optimizer.interval
-    assert int(optimizer._full_at.numpy()) == -1  # nothing left overridden
+    assert internals.full_average_step(optimizer) == -1  # nothing left overridden
     assert max_replica_spread(model.trainable_variables) == 0.0
 
 
@@ -405,15 +406,15 @@ def test_a_save_during_an_override_keeps_overlap_for_the_restored_run(tmp_path):
         correction=1.0,
         overlap=True,
     )
-    optimizer._override_interval(5)
-    assert int(optimizer._full_at.numpy()) >= 0
+    optimizer.steering.hold(5)
+    assert internals.full_average_step(optimizer) >= 0
     path = tmp_path / "model.keras"
     model.save(path)
-    optimizer._end_override()
+    optimizer.steering.release()
     with mirrored(REPLICAS).scope():
         restored = keras.saving.load_model(path)
     assert restored.optimizer.interval == 3
-    assert int(restored.optimizer._full_at.numpy()) == -1
+    assert internals.full_average_step(restored.optimizer) == -1
 
 
 # The train function lets the all-reduce run while the step computes -----------

@@ -1,5 +1,6 @@
 """What each replica holds: apart between averages, identical after one."""
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def test_replicas_differ_between_averages_and_agree_right_after_one():
     # The epoch's last step (local step 2) is followed by a boundary average.
     assert max_replica_spread(model.trainable_variables) == 0.0
     assert optimizer.averages_performed == 3
-    corrections = [c for c in optimizer._corrections if c is not None]
+    corrections = [c for c in internals.corrections(optimizer) if c is not None]
     assert max_replica_spread(corrections) > 0
     for c in corrections:
         np.testing.assert_allclose(np.sum(components(c), axis=0), 0, atol=1e-5)
@@ -98,9 +99,9 @@ def test_batch_norm_statistics_are_averaged_and_integer_state_is_not():
     fit(model, x, y, recorder)
     assert recorder.spreads[0] > 0
     assert recorder.spreads[1] == 0
-    state = {id(v) for v in optimizer._model_state}
+    state = {id(v) for v in internals.model_state(optimizer)}
     assert {id(bn.moving_mean.value), id(bn.moving_variance.value)} <= state
-    assert all(v.dtype.is_floating for v in optimizer._model_state)
+    assert all(v.dtype.is_floating for v in internals.model_state(optimizer))
     assert [int(i) for i in components(optimizer.iterations)] == [8] * 4
 
 
@@ -115,7 +116,7 @@ def test_going_back_to_interval_1_resynchronizes_replicas():
             if batch == 4:
                 optimizer.interval = 1
 
-    variables = model.trainable_variables + optimizer._slot_variables()
+    variables = model.trainable_variables + internals.slot_variables(optimizer)
     recorder = Recorder(variables)
     fit(model, x, y, recorder, extra=[BackToOne()])
     assert recorder.spreads[4] > 0  # one local step pending, slots apart
@@ -145,7 +146,7 @@ def test_frozen_layers_are_not_averaged():
         )
     model.optimizer.attach(model)
     averaged = {id(v.value) for v in model.layers[2].non_trainable_variables}
-    state = {id(v) for v in model.optimizer._model_state}
+    state = {id(v) for v in internals.model_state(model.optimizer)}
     assert averaged <= state
     assert not state & {id(v.value) for v in frozen.weights + frozen_bn.weights}
 
@@ -154,7 +155,7 @@ def test_frozen_layers_are_not_averaged():
 def test_slot_policy_on_replicas(policy):
     x, y = classification_data()
     model, optimizer = compiled_model(mirrored(4), interval=2, optimizer_state=policy)
-    slots = optimizer._slot_variables()
+    slots = internals.slot_variables(optimizer)
     assert slots
     recorder = Recorder(slots)
     fit(model, x, y, recorder)
@@ -209,7 +210,9 @@ def test_reset_puts_the_state_back_where_it_started(inner, starts):
     )
     assert optimizer.local_steps_since_average == 0
     held = {
-        float(c) for s in optimizer._slot_variables() for c in np.ravel(components(s))
+        float(c)
+        for s in internals.slot_variables(optimizer)
+        for c in np.ravel(components(s))
     }
     assert held == starts
     assert np.isfinite(model.get_weights()[0]).all()

@@ -1,5 +1,6 @@
 """Saving and loading: every piece of state comes back, training resumes exactly."""
 
+import internals
 import keras
 import numpy as np
 import pytest
@@ -152,13 +153,13 @@ def test_counters_gamma_and_interval_survive_mid_interval(tmp_path):
     optimizer = model.optimizer
     optimizer.interval = 6
     assert optimizer.local_steps_since_average == 5
-    gamma = float(optimizer._gamma.numpy())
+    gamma = internals.gamma(optimizer)
     assert gamma == pytest.approx(0.05)
     path = tmp_path / "mid.keras"
     model.save(path)
     loaded = keras.models.load_model(path).optimizer
     assert loaded.local_steps_since_average == 5
-    assert float(loaded._gamma.numpy()) == gamma
+    assert internals.gamma(loaded) == gamma
     assert loaded.interval == 6
     assert loaded.averages_performed == 0
     assert int(loaded.iterations.numpy()) == 5
@@ -200,7 +201,7 @@ def test_loading_on_another_replica_count_warns_and_resets_corrections(tmp_path)
         other.optimizer.build(other.trainable_variables)
     with pytest.warns(UserWarning, match="corrections restart from zero"):
         other.load_weights(path)
-    for c in other.optimizer._corrections:
+    for c in internals.corrections(other.optimizer):
         assert all(not np.any(copy) for copy in components(c))
     np.testing.assert_allclose(
         components(other.optimizer.inner_optimizer._momentums[0])[0],

@@ -80,7 +80,7 @@ class AdaCommCallback(SkipCorrectionCallback):
         optimizer = self._optimizer
         optimizer.interval = self.initial_interval
         begin = time.perf_counter()
-        self._mean = WorkerMean(optimizer._distribution_strategy)
+        self._mean = WorkerMean(optimizer.steering.strategy)
         self.tracing_seconds = time.perf_counter() - begin
         self.overhead_seconds += self.tracing_seconds
 

@@ -1,0 +1,48 @@
+"""The optimizer's internal state that tests compare with the reference maths.
+
+The package steers the optimizer through `optimizer.steering` only; tests also
+read state that no user needs (each replica's correction, the unsent part of
+a compressed update, the interval variable's every copy). Those reads are
+named here, in one place, so that a change of the optimizer's internals
+changes this file and not the tests.
+"""
+
+
+def corrections(optimizer) -> list:
+    """Each trainable variable's correction (a per-replica variable)."""
+    return list(optimizer._corrections)
+
+
+def slot_variables(optimizer) -> list:
+    """The inner optimizer's float state that averages may cover."""
+    return optimizer._slot_variables()
+
+
+def model_state(optimizer) -> list:
+    """The model's non-trainable float variables that averages cover."""
+    return optimizer._model_state
+
+
+def unsent(optimizer) -> list:
+    """Per replica and variable: what compression has not sent yet."""
+    return list(optimizer._errors)
+
+
+def gamma(optimizer) -> float:
+    """The sum of the learning rates since the period began."""
+    return float(optimizer._gamma.numpy())
+
+
+def interval_variable(optimizer):
+    """The interval variable the train function reads (mirrored)."""
+    return optimizer._interval_variable
+
+
+def full_average_step(optimizer) -> int:
+    """With overlap: the step whose due average is forced full, or -1."""
+    return int(optimizer._full_at.numpy())
+
+
+def separate_average_functions(optimizer) -> dict:
+    """The average functions traced outside the train function, by key."""
+    return optimizer._average_functions
