@@ -1,6 +1,9 @@
 """Workarounds for Keras and TensorFlow behaviour that keras-skip depends on.
 
-Every use of a private Keras or TensorFlow API lives here. Each names the
+Every use of a private Keras or TensorFlow API lives here (the one exception:
+the protected members of Keras' optimizer base class that
+`SkipCorrectionOptimizer` uses as its subclass, listed in
+`OPTIMIZER_SUBCLASS_PROTOCOL`; tests/test_compat.py checks both). Each names the
 releases it was checked against and has a test in ``tests/test_compat.py``
 that fails when an upstream release changes the behaviour it relies on or
 patches, so that it can be removed or updated.
@@ -119,6 +122,100 @@ def averaged_model_state(model: keras.Model) -> list[keras.Variable]:
 
 def _is_float(variable) -> bool:
     return tf.as_dtype(variable.dtype).is_floating
+
+
+# ---------------------------------------------------------------------------
+# Private state of optimizers, variables and strategies.
+# ---------------------------------------------------------------------------
+
+
+#: The protected members of Keras' optimizer base class that
+#: `SkipCorrectionOptimizer`, as a subclass, uses or overrides on itself, as
+#: Keras' own wrapper (`LossScaleOptimizer`) does (keras 3.15). Any other
+#: private member of a Keras or TensorFlow object is reached through a
+#: function of this module.
+OPTIMIZER_SUBCLASS_PROTOCOL = (
+    "_backend_apply_gradients",  # overridden: the step under a strategy
+    "_get_variable_index",  # a trainable variable's index into own state
+    "_iterations",  # shared with the inner optimizer
+    "_learning_rate",  # the base class's, set aside
+    "_trainable_variables",  # the variables `build` was given
+    "_var_key",  # a variable's key
+    "_variables",  # the optimizer's own variables
+)
+
+
+def creation_strategy(optimizer) -> tf.distribute.Strategy:
+    """The strategy a Keras optimizer was created under: Keras' TensorFlow
+    optimizer stores ``tf.distribute.get_strategy()`` at construction as
+    ``_distribution_strategy`` (keras 3.15) and builds its variables for it."""
+    return optimizer._distribution_strategy
+
+
+def iterations_variable(optimizer) -> keras.Variable:
+    """The variable behind ``optimizer.iterations`` (``_iterations``,
+    keras 3.15), which a wrapper shares to step the inner optimizer's
+    counter."""
+    return optimizer._iterations
+
+
+def learning_rate_variable(optimizer):
+    """The variable holding a float learning rate (``_learning_rate``,
+    keras 3.15): a learning-rate schedule is kept there instead, as is."""
+    return optimizer._learning_rate
+
+
+def untracked():
+    """A context in which attributes set on a Keras object are not tracked
+    (``keras.src.utils.tracking.DotNotTrackScope``, keras 3.15): a shared
+    variable assigned there does not become the object's own."""
+    from keras.src.utils import tracking
+
+    return tracking.DotNotTrackScope()
+
+
+def untracked_method(method):
+    """Runs `method` with Keras' attribute tracking off
+    (``tracking.no_automatic_dependency_tracking``, keras 3.15), as Keras'
+    own optimizers' ``build`` does."""
+    from keras.src.utils import tracking
+
+    return tracking.no_automatic_dependency_tracking(method)
+
+
+def per_replica(values) -> tf.distribute.DistributedValues:
+    """Distributed values with one component per local replica
+    (``tensorflow.python.distribute.values.PerReplica``, tensorflow 2.21): what
+    ``strategy.run`` returns, built from tensors computed in cross-replica
+    context."""
+    from tensorflow.python.distribute import values as tf_values
+
+    return tf_values.PerReplica(tuple(values))
+
+
+def local_copies(variable) -> list:
+    """This worker's copies of a (mirrored or per-replica) TensorFlow
+    variable: ``DistributedValues._values`` (tensorflow 2.21), the variable
+    itself when it is not distributed."""
+    values = getattr(variable, "_values", None)
+    return list(values) if values is not None else [variable]
+
+
+#: The base class of an object that `tf.train.Checkpoint` saves through its
+#: own ``_serialize_to_tensors`` and ``_restore_from_tensors`` (tensorflow 2.21).
+Trackable = tf.__internal__.tracking.Trackable
+
+
+def add_checkpoint_dependency(parent, child, name: str) -> None:
+    """Makes `child` a checkpoint dependency of `parent` under `name`
+    (``Trackable._track_trackable``, tensorflow 2.21): restored after it."""
+    parent._track_trackable(child, name=name)
+
+
+def set_initial_epoch(model: keras.Model, epoch: int) -> None:
+    """Makes ``fit`` start at `epoch`, as Keras' own ``BackupAndRestore``
+    does from ``on_train_begin`` (``Model._initial_epoch``, keras 3.15)."""
+    model._initial_epoch = epoch
 
 
 # ---------------------------------------------------------------------------

@@ -16,11 +16,12 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from keras_skip import _compat
+
 
 def components(variable) -> list:
     """This worker's copies of a tf variable (one if it is not distributed)."""
-    values = getattr(variable, "_values", None)
-    return list(values) if values is not None else [variable]
+    return _compat.local_copies(variable)
 
 
 def read(variable) -> np.ndarray:
@@ -50,7 +51,7 @@ def write(variable, stacked, is_correction: bool) -> bool:
     return False
 
 
-class ReplicaValues(tf.__internal__.tracking.Trackable):
+class ReplicaValues(_compat.Trackable):
     """A checkpoint dependency holding every replica's copy of one variable.
 
     Attached as a child of the variable it covers, so `tf.train.Checkpoint`

@@ -601,7 +601,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self.model.load_weights(
             self._directory / f"epoch-{epoch}" / "backup.weights.h5"
         )
-        self.model._initial_epoch = epoch
+        _compat.set_initial_epoch(self.model, epoch)
 
     def on_epoch_end(self, epoch, logs=None):
         self._save(epoch + 1)

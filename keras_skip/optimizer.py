@@ -9,8 +9,6 @@ from typing import NamedTuple
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.utils import tracking
-from tensorflow.python.distribute import values as _tf_values
 
 from keras_skip import _checks, _compat, _replica_state, maths
 from keras_skip.steering import Steering
@@ -207,7 +205,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 f"Received: optimizer_state={optimizer_state!r}"
             )
         super().__init__(learning_rate=0.0, name=name)
-        _compat.isolate_collective_keys(self._distribution_strategy)
+        _compat.isolate_collective_keys(_compat.creation_strategy(self))
         _compat.install_model_hook()
         self.inner_optimizer = inner_optimizer
         self.outer_optimizer = outer_optimizer
@@ -216,8 +214,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # (TensorFlow checkpoints refuse lists that lost an element) but are
         # left out of `variables`.
         self._unused = (self._iterations, self._learning_rate)
-        with tracking.DotNotTrackScope():
-            self._iterations = inner_optimizer._iterations
+        with _compat.untracked():
+            self._iterations = _compat.iterations_variable(inner_optimizer)
         self._correction = correction
         self._optimizer_state = optimizer_state
         self._warmup_steps = warmup_steps
@@ -256,7 +254,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # optimizer_state="reset".
         self._slot_starts: dict[int, float] = {}
         # Bound to the state when built (see `steering`).
-        object.__setattr__(self, "_steering", Steering(self._distribution_strategy))
+        object.__setattr__(self, "_steering", Steering(_compat.creation_strategy(self)))
 
     # ------------------------------------------------------------------
     # Configuration and inspectable state.
@@ -414,14 +412,14 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     # Building.
     # ------------------------------------------------------------------
 
-    @tracking.no_automatic_dependency_tracking
+    @_compat.untracked_method
     def build(self, var_list):
         strategy = tf.distribute.get_strategy()
         wrapped = [(self.inner_optimizer, "inner_optimizer")]
         if self.outer_optimizer is not None:
             wrapped.append((self.outer_optimizer, "outer_optimizer"))
         for owner, label in [(self, "SkipCorrectionOptimizer"), *wrapped]:
-            if owner._distribution_strategy is not strategy:
+            if _compat.creation_strategy(owner) is not strategy:
                 raise ValueError(
                     f"The {label} was created outside the distribution "
                     "strategy it is built in. Create the model, the inner "
@@ -523,9 +521,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             {id(_tf_variable(v)): v for v in self.inner_optimizer.variables}
         )
         for _, variable, is_correction in self._per_replica_state():
-            per_replica[id(variable)]._track_trackable(
+            _compat.add_checkpoint_dependency(
+                per_replica[id(variable)],
                 _replica_state.ReplicaValues(variable, is_correction),
-                name="keras_skip_replicas",
+                "keras_skip_replicas",
             )
 
     def attach(self, model: keras.Model) -> None:
@@ -698,7 +697,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     def _slot_variables(self) -> list[tf.Variable]:
         inner = self.inner_optimizer
-        skip = {id(inner._iterations), id(inner._learning_rate)}
+        skip = {
+            id(_compat.iterations_variable(inner)),
+            id(_compat.learning_rate_variable(inner)),
+        }
         return [
             _tf_variable(v)
             for v in inner.variables
@@ -1079,7 +1081,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
         if self.local_steps_since_average == 0:
             return False
-        with self._distribution_strategy.scope():
+        with _compat.creation_strategy(self).scope():
             return bool(self._eager_average_function()().numpy())
 
     def _eager_average_function(self):
@@ -1235,7 +1237,7 @@ def _when(distribution, pred, fn, variables, dtypes=()) -> list:
         parts = flat[i * local : (i + 1) * local]
         for part in parts:
             part.set_shape(v.shape)
-        values.append(_tf_values.PerReplica(tuple(parts)))
+        values.append(_compat.per_replica(parts))
     return values
 
 
@@ -1286,7 +1288,7 @@ def _group_means(distribution, grads, group_size) -> list:
                     total = tf.add_n(members)
                 mean = _scale(total, 1.0 / group_size)
             means.extend([mean] * group_size)
-        grouped.append(_tf_values.PerReplica(tuple(means)))
+        grouped.append(_compat.per_replica(means))
     return grouped
 
 

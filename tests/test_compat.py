@@ -5,6 +5,8 @@ the upstream behaviour changed: re-check the workaround it guards and update
 keras_skip/_compat.py (and its CHECKED_* versions).
 """
 
+import ast
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -422,3 +424,180 @@ def test_assigning_an_on_read_variable_across_replicas_still_reads_it_back():
         strategy.run(metric.reset_state)  # what keras-skip does
         assert reductions == []
     assert float(metric.result()) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Private Keras and TensorFlow APIs live in _compat only.
+# ---------------------------------------------------------------------------
+
+PACKAGE = pathlib.Path(keras_skip.__file__).parent
+#: Names under which package modules refer to keras-skip's own modules.
+OWN_MODULES = {
+    "_checks",
+    "_compat",
+    "_environment",
+    "_replica_state",
+    "_version",
+    "adaptive",
+    "callbacks",
+    "maths",
+    "multi_worker",
+    "optimizer",
+    "steering",
+}
+
+
+def _private_uses(path: pathlib.Path) -> list[str]:
+    """Private modules imported, and private members of objects other than
+    the class's own instance (or keras-skip's own modules) used, in `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names]
+            if any(n.startswith(("keras.src", "tensorflow.python")) for n in names):
+                found.append(f"{path.name}:{node.lineno}: import {names[0]}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            value = node.value
+            if node.attr == "__internal__" or (
+                not node.attr.startswith("__")
+                and not node.attr.startswith("_keras_skip_")  # own, on a strategy
+                and not (isinstance(value, ast.Name) and value.id in {"self", "cls"})
+                and not (isinstance(value, ast.Name) and value.id in OWN_MODULES)
+                and not (
+                    isinstance(value, ast.Call)
+                    and getattr(value.func, "id", None) == "super"
+                )
+                and ast.unparse(node) != "sys._getframe"
+            ):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_private_apis_of_keras_and_tensorflow_are_used_in_compat_only():
+    sources = [p for p in PACKAGE.rglob("*.py") if p.name != "_compat.py"]
+    assert len(sources) > 20
+    found = [use for path in sources for use in _private_uses(path)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_optimizer_uses_only_the_declared_protected_members_of_keras():
+    """`self._x` in SkipCorrectionOptimizer, where Keras' optimizer base class
+    has `_x`, must be one of the declared subclass protocol; and the base
+    class still has each of those."""
+    base = keras.optimizers.SGD(0.1)
+    base.build([keras.Variable([1.0])])
+    inherited = {name for name in dir(base) if name.startswith("_")}
+    for name in _compat.OPTIMIZER_SUBCLASS_PROTOCOL:
+        assert name in inherited, f"Keras' optimizer no longer has {name}"
+    tree = ast.parse((PACKAGE / "optimizer.py").read_text())
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and node.attr in inherited
+        and not node.attr.startswith("__")
+    }
+    overridden = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name in inherited
+        and node.name.startswith("_")
+        and not node.name.startswith("__")
+    }
+    assert used | overridden == set(_compat.OPTIMIZER_SUBCLASS_PROTOCOL)
+
+
+def test_the_private_state_helpers_still_reach_keras_and_tensorflow_state():
+    strategy = mirrored(2)
+    with strategy.scope():
+        sgd = keras.optimizers.SGD(0.25)
+        variable = tf.Variable([1.0, 2.0])
+    sgd.build([keras.Variable([1.0])])
+    assert _compat.creation_strategy(sgd) is strategy
+    assert _compat.iterations_variable(sgd) is sgd.iterations
+    rate = _compat.learning_rate_variable(sgd)
+    assert any(rate is v for v in sgd.variables)
+    assert float(rate.numpy()) == 0.25
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    assert _compat.learning_rate_variable(keras.optimizers.SGD(schedule)) is schedule
+
+    copies = _compat.local_copies(variable)
+    assert len(copies) == 2 and all(c.shape == (2,) for c in copies)
+    plain = tf.Variable(1.0)
+    assert _compat.local_copies(plain) == [plain]
+
+    parts = [tf.constant(1.0), tf.constant(2.0)]
+    values = _compat.per_replica(parts)
+    assert isinstance(values, tf.distribute.DistributedValues)
+    assert [float(v) for v in strategy.experimental_local_results(values)] == [
+        1.0,
+        2.0,
+    ]
+
+
+def test_untracked_assignments_stay_out_of_a_keras_objects_variables():
+    shared = keras.Variable(1.0)
+
+    class Holder(keras.layers.Layer):
+        @_compat.untracked_method
+        def hold(self, value):
+            self.held_in_method = value
+
+    layer = Holder()
+    with _compat.untracked():
+        layer.held = shared
+    layer.hold(shared)
+    assert not any(v is shared for v in layer.weights)
+    layer.tracked = keras.Variable(2.0)  # the control: tracking is on here
+    assert any(v is layer.tracked for v in layer.weights)
+
+
+def test_a_checkpoint_dependency_is_restored_after_its_parent(tmp_path):
+    restored = []
+
+    class Child(_compat.Trackable):
+        def _serialize_to_tensors(self):
+            return {"values": tf.constant([3.0, 4.0])}
+
+        def _restore_from_tensors(self, restored_tensors):
+            restored.append((float(parent.numpy()), restored_tensors["values"]))
+            return tf.no_op()
+
+    parent = tf.Variable(1.0)
+    _compat.add_checkpoint_dependency(parent, Child(), "child")
+    path = tf.train.Checkpoint(v=parent).write(str(tmp_path / "ckpt"))
+    parent.assign(0.0)
+    tf.train.Checkpoint(v=parent).read(path).assert_consumed()
+    [(parent_value, values)] = restored
+    assert parent_value == 1.0  # the parent was restored first
+    assert values.numpy().tolist() == [3.0, 4.0]
+
+
+def test_set_initial_epoch_makes_fit_start_there():
+    class StartAtTwo(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            _compat.set_initial_epoch(self.model, 2)
+
+    class Epochs(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.seen.append(epoch)
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    epochs = Epochs()
+    model.fit(
+        np.ones((4, 1)),
+        np.ones(4),
+        epochs=4,
+        verbose=0,
+        callbacks=[StartAtTwo(), epochs],
+    )
+    assert epochs.seen == [2, 3]
