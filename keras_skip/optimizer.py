@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from typing import NamedTuple
 
@@ -10,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skip import _checks, _compat, _replica_state, maths
+from keras_skip import _arguments, _checks, _compat, _replica_state, _updates, maths
 from keras_skip.steering import Steering
 from keras_skip.steering import first_copy as _first_copy
 from keras_skip.steering import tf_variable as _tf_variable
@@ -166,7 +165,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     def __new__(cls, inner_optimizer=None, *args, **kwargs):
         if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-            return _loss_scaling_around(cls, inner_optimizer, *args, **kwargs)
+            return _arguments.loss_scaling_around(cls, inner_optimizer, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(
@@ -184,11 +183,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         name: str | None = None,
         **kwargs,
     ):
-        _reject_base_arguments(kwargs)
-        _check_wrapped_optimizer(inner_optimizer)
-        _check_slot_policy(inner_optimizer, optimizer_state)
+        _arguments.reject_base_arguments(kwargs)
+        _arguments.check_wrapped_optimizer(inner_optimizer, type(self))
+        _arguments.check_slot_policy(inner_optimizer, optimizer_state)
         if outer_optimizer is not None:
-            _check_wrapped_optimizer(outer_optimizer, "outer_optimizer")
+            _arguments.check_wrapped_optimizer(
+                outer_optimizer, type(self), "outer_optimizer"
+            )
             if outer_optimizer is inner_optimizer:
                 raise ValueError(
                     "`outer_optimizer` must be another optimizer instance than "
@@ -197,7 +198,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 )
         interval = _checks.integer("interval", interval, minimum=1)
         warmup_steps = _checks.integer("warmup_steps", warmup_steps, minimum=0)
-        correction = _check_correction(correction)
+        correction = _arguments.check_correction(correction)
         if optimizer_state not in maths.OPTIMIZER_STATE_POLICIES:
             raise ValueError(
                 "`optimizer_state` must be one of "
@@ -433,7 +434,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     "variables, possibly by another model. Pass a new, unused "
                     "optimizer instance to SkipCorrectionOptimizer."
                 )
-        self._group = _replicas_per_group(self._group_size, strategy)
+        self._group = _arguments.replicas_per_group(self._group_size, strategy)
         super().build(var_list)
         _compat.build_tracked(self.inner_optimizer, var_list)
         if self._optimizer_state == "reset" and strategy.num_replicas_in_sync > 1:
@@ -583,7 +584,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # a mean; a local step uses the replica's own, unscaled gradient.
         sync_grads = _compat.clip_gradients(inner, grads)
         local_grads = (
-            _compat.clip_gradients(inner, [_scale(g, n) for g in grads])
+            _compat.clip_gradients(inner, [_updates.scale(g, n) for g in grads])
             if n > 1
             else sync_grads
         )
@@ -632,12 +633,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 for v, total in zip(
                     self._votes, grads[len(tf_variables) :], strict=True
                 ):
-                    extended.update(v, _assign, args=(total / n,), group=False)
+                    extended.update(v, _updates.assign, args=(total / n,), group=False)
                 grads = grads[: len(tf_variables)]
             _compat.optimizer_step(inner, distribution, grads, variables, lr)
             self._synchronous.value.assign_add(1)
             if n > 1:
-                self._bytes.value.assign_add(_bytes(tf_variables))
+                self._bytes.value.assign_add(_updates.bytes(tf_variables))
             return tf.constant(False)
 
         def local_step():
@@ -648,16 +649,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
             grads = local_grads
             if self._group > 1:
-                grads = _group_means(distribution, local_grads, self._group)
+                grads = _updates.group_means(distribution, local_grads, self._group)
             _compat.optimizer_step(inner, distribution, grads, variables, lr)
             if n > 1 and self._correction:
                 for v in tf_variables:
                     c = self._corrections[self._get_variable_index(v)]
                     extended.update(
-                        v, _add_scaled, args=(_tf_variable(c), lr), group=False
+                        v, _updates.add_scaled, args=(_tf_variable(c), lr), group=False
                     )
             extended.update(
-                self._gamma.value, _add_learning_rate, args=(lr,), group=False
+                self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
             )
             local_steps = self._local_steps.value.assign_add(1)
             if n > 1 and self._slot_variables():
@@ -704,7 +705,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return [
             _tf_variable(v)
             for v in inner.variables
-            if id(v) not in skip and _is_float(v)
+            if id(v) not in skip and _updates.is_float(v)
         ]
 
     def _constant_slot_starts(self) -> dict[int, float]:
@@ -774,7 +775,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         gamma = tf.identity(self._gamma.value)
         weights, _, payload = self._payload(include_slots=False)
         # Read only when due: the step's update then copies what it writes.
-        values = _when(
+        values = _updates.when(
             distribution,
             overlapped,
             lambda: extended.call_for_each_replica(
@@ -793,7 +794,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
         wire = tf.as_dtype(self._compression) if self._compression else None
         dtypes = [wire] * len(weights) if wire is not None else []
-        means = _when(distribution, overlapped, send, payload, dtypes)
+        means = _updates.when(distribution, overlapped, send, payload, dtypes)
         return _Sent(due, overlapped, moved, gamma, values, means)
 
     def _reduce(self, distribution, per_replica, payload, split=None) -> list:
@@ -851,7 +852,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     means = self._reduce(distribution, per_replica, payload)
                 else:
                     means = sent.means
-                self._bytes.value.assign_add(_bytes(payload))
+                self._bytes.value.assign_add(_updates.bytes(payload))
                 own = values[: len(weights)] if values is not None else None
                 if self._measure_drift:
                     self._record_drift(
@@ -861,7 +862,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     c = self._corrections[self._get_variable_index(v)]
                     extended.update(
                         v,
-                        _assign_with_correction,
+                        _updates.assign_with_correction,
                         args=(
                             means[i],
                             _tf_variable(c),
@@ -871,7 +872,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                         group=False,
                     )
             for v, mean in zip(rest, means[len(weights) :], strict=True):
-                extended.update(v, _assign, args=(mean,), group=False)
+                extended.update(v, _updates.assign, args=(mean,), group=False)
             if self._optimizer_state == "reset" and not include_slots:
                 for s in slots:
                     start = tf.cast(self._slot_starts[id(s)], s.dtype)
@@ -885,9 +886,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 # The next period starts from the (outer) average.
                 self._record_starts(distribution, weights)
             for v, d in zip(payload, displacements, strict=True):
-                extended.update(v, _add, args=(d,), group=False)
+                extended.update(v, _updates.add, args=(d,), group=False)
             extended.update(
-                self._gamma.value, _assign_learning_rate, args=(lr,), group=False
+                self._gamma.value,
+                _updates.assign_learning_rate,
+                args=(lr,),
+                group=False,
             )
             self._carried.value.assign(1)
         else:
@@ -947,7 +951,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             values = sent.snapshot[: len(weights)]
             means = sent.means
         self._bytes.value.assign_add(
-            sum(v.shape.num_elements() * wire.size for v in weights) + _bytes(rest)
+            sum(v.shape.num_elements() * wire.size for v in weights)
+            + _updates.bytes(rest)
         )
         if self._measure_drift:
             self._record_drift(
@@ -957,7 +962,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             c = self._corrections[self._get_variable_index(v)]
             extended.update(
                 v,
-                _assign_compressed,
+                _updates.assign_compressed,
                 args=(
                     means[i],
                     starts[i],
@@ -990,7 +995,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def _record_starts(self, distribution, variables):
         for v in variables:
             start = _tf_variable(self._starts[self._get_variable_index(v)])
-            distribution.extended.update(start, _assign, args=(v,), group=False)
+            distribution.extended.update(start, _updates.assign, args=(v,), group=False)
 
     def _outer_step(self, distribution, moved, variables):
         """The outer optimizer's step after the average, if the period had
@@ -1012,7 +1017,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 for v, s in zip(variables, starts, strict=True)
             ]
             for v, start in zip(variables, starts, strict=True):
-                extended.update(_tf_variable(v), _assign, args=(start,), group=False)
+                extended.update(
+                    _tf_variable(v), _updates.assign, args=(start,), group=False
+                )
             grads = _compat.clip_gradients(outer, pseudo_gradients)
             _compat.optimizer_step(
                 outer, distribution, grads, variables, outer.learning_rate
@@ -1027,7 +1034,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     ):
         """Records ``mean_i ||x_i - x_bar||`` before the weights are overwritten
         (with compression, ``means`` are the updates' and ``x_bar`` is
-        ``base + mean``, as in `_assign_compressed`). `values`: the weights
+        ``base + mean``, as in `_updates.assign_compressed`). `values`: the weights
         the average sent (a snapshot) instead of the variables'."""
 
         def own_drift(means, values):
@@ -1206,299 +1213,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 outer, custom_objects=custom_objects
             )
         return cls(inner, outer_optimizer=outer, **config)
-
-
-# ----------------------------------------------------------------------
-# Helpers.
-# ----------------------------------------------------------------------
-
-
-def _when(distribution, pred, fn, variables, dtypes=()) -> list:
-    """`fn()`, a list of distributed values shaped like `variables`, if `pred`,
-    else empty tensors: a `tf.cond` in cross-replica context, returning
-    `PerReplica` values. `dtypes`: the values' types where they are not the
-    variables' (a leading part of the list)."""
-    local = len(distribution.extended.worker_devices)
-    types = list(dtypes) + [v.dtype for v in variables[len(dtypes) :]]
-
-    def taken():
-        return [
-            part
-            for value in fn()
-            for part in distribution.experimental_local_results(value)
-        ]
-
-    def skipped():
-        return [tf.zeros([0], dtype) for dtype in types for _ in range(local)]
-
-    flat = tf.cond(pred, taken, skipped, name="average_overlapped_sent")
-    values = []
-    for i, v in enumerate(variables):
-        parts = flat[i * local : (i + 1) * local]
-        for part in parts:
-            part.set_shape(v.shape)
-        values.append(_compat.per_replica(parts))
-    return values
-
-
-def _bytes(variables) -> int:
-    """Bytes of the values of these variables (a dense payload)."""
-    return sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size for v in variables)
-
-
-def _replicas_per_group(group_size, strategy) -> int:
-    """Resolves `group_size` against the replicas of this worker."""
-    if group_size is None:
-        return 1
-    try:
-        local = len(strategy.extended.worker_devices)
-    except RuntimeError:  # the default strategy: one replica
-        local = 1
-    if group_size == "worker":
-        return local
-    if local % group_size:
-        raise ValueError(
-            "`group_size` must divide the number of replicas on each worker "
-            f"({local} here), so that no group spans two workers. "
-            f"Received: group_size={group_size!r}"
-        )
-    return group_size
-
-
-def _group_means(distribution, grads, group_size) -> list:
-    """Each replica's gradient replaced by the mean over its group (local
-    replicas in consecutive groups of `group_size`), for hierarchical
-    averaging. Every member gets the same tensor, so the group stays
-    identical."""
-    devices = distribution.extended.worker_devices
-    grouped = []
-    for g in grads:
-        parts = distribution.experimental_local_results(g)
-        means = []
-        for first in range(0, len(parts), group_size):
-            members = parts[first : first + group_size]
-            with tf.device(devices[first]):
-                if isinstance(members[0], tf.IndexedSlices):
-                    total = tf.IndexedSlices(
-                        tf.concat([m.values for m in members], 0),
-                        tf.concat([m.indices for m in members], 0),
-                        members[0].dense_shape,
-                    )
-                else:
-                    total = tf.add_n(members)
-                mean = _scale(total, 1.0 / group_size)
-            means.extend([mean] * group_size)
-        grouped.append(_compat.per_replica(means))
-    return grouped
-
-
-def _is_float(v) -> bool:
-
-    return tf.as_dtype(v.dtype).is_floating
-
-
-def _scale(gradient, factor):
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            gradient.values * tf.cast(factor, gradient.values.dtype),
-            gradient.indices,
-            gradient.dense_shape,
-        )
-    return gradient * tf.cast(factor, gradient.dtype)
-
-
-def _add_scaled(variable, correction, lr):
-    """``variable += lr * correction`` in place, in one fused kernel; a
-    separate multiply and add made a model-sized temporary at every local
-    step (see "Outer optimizer and compressed averages" in the benchmarks)."""
-    tf.raw_ops.ResourceApplyGradientDescent(
-        var=variable.handle,
-        alpha=-tf.cast(lr, variable.dtype),
-        delta=correction.read_value(),
-    )
-
-
-def _add_learning_rate(gamma, lr):
-
-    return gamma.assign_add(tf.cast(lr, gamma.dtype))
-
-
-def _assign(variable, value):
-    return variable.assign(value)
-
-
-def _add(variable, value):
-    return variable.assign_add(value)
-
-
-def _assign_learning_rate(gamma, lr):
-    return gamma.assign(tf.cast(lr, gamma.dtype))
-
-
-def _assign_with_correction(variable, mean, correction, scale, value=None):
-    """``x_i <- mean``, and ``c_i += scale (mean - x_i)``; `value`: the
-    replica's weights the average sent (a snapshot), if not the variable's."""
-    if correction is not None:
-        x = variable.read_value() if value is None else value
-        correction.assign_add((mean - x) * tf.cast(scale, variable.dtype))
-    return variable.assign(mean)
-
-
-def _assign_compressed(
-    variable, mean, start, error, correction, scale, moved, wire, value=None
-):
-    x = variable.read_value() if value is None else value
-    base = tf.where(moved, start.read_value(), x)
-    update = x - base + error
-    sent = tf.cast(tf.cast(update, wire), variable.dtype)
-    error.assign(update - sent)
-    average = base + tf.cast(mean, variable.dtype)
-    if correction is not None:
-        # What this replica sent, not its exact weights: corrections sum to 0
-        # up to the rounding of the mean, which the all-reduce computes in
-        # the wire type.
-        correction.assign_add(
-            (average - (base + sent)) * tf.cast(scale, variable.dtype)
-        )
-    return variable.assign(average)
-
-
-def _loss_scaling_around(cls, loss_scale, *args, **kwargs):
-    """`SkipCorrectionOptimizer(LossScaleOptimizer(opt), ...)` rebuilt as
-    `LossScaleOptimizer(SkipCorrectionOptimizer(opt, ...))`: the scaled
-    gradients must be unscaled, checked and agreed on before any step or
-    average, which is what the outer position does (see `_compat`)."""
-    if loss_scale.built:
-        raise ValueError(
-            "The LossScaleOptimizer passed as `inner_optimizer` has already "
-            "been built on variables. Pass a new, unused one (or the plain "
-            "optimizer)."
-        )
-    skip = cls(loss_scale.inner_optimizer, *args, **kwargs)
-    return keras.optimizers.LossScaleOptimizer(
-        skip,
-        initial_scale=loss_scale.initial_scale,
-        dynamic_growth_steps=loss_scale.dynamic_growth_steps,
-        name=loss_scale.name,
-    )
-
-
-def _check_correction(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            "`correction` must be a number in [0, 1]. "
-            f"Received: correction={value!r} of type {type(value).__name__}"
-        )
-    if not 0.0 <= float(value) <= 1.0:
-        raise ValueError(
-            "`correction` must be in [0, 1] (0 = plain local SGD). "
-            f"Received: correction={value!r}"
-        )
-    return float(value)
-
-
-def _check_slot_policy(inner, optimizer_state) -> None:
-    """Refuses slot policies that would break an optimizer whose state holds
-    a weight-like sequence (ScheduleFreeAdamW's `momentum` is its `z`
-    sequence, from which the weights are interpolated): kept local it would
-    never be averaged, and reset it would be zero."""
-    schedule_free = getattr(keras.optimizers, "ScheduleFreeAdamW", ())  # keras 3.14+
-    if isinstance(inner, schedule_free) and optimizer_state != "average":
-        raise ValueError(
-            "ScheduleFreeAdamW keeps a weight-like sequence in its state, "
-            "which an average must include: pass optimizer_state='average'. "
-            f"Received: optimizer_state={optimizer_state!r}"
-        )
-
-
-def _check_wrapped_optimizer(inner, label: str = "inner_optimizer") -> None:
-    if isinstance(inner, SkipCorrectionOptimizer):
-        raise ValueError(
-            f"`{label}` is already a SkipCorrectionOptimizer; wrapping "
-            "it again would nest two averaging schedules. Wrap the plain "
-            "optimizer once."
-        )
-    if not isinstance(inner, keras.optimizers.Optimizer):
-        raise TypeError(
-            f"`{label}` must be a keras.optimizers.Optimizer instance, "
-            f"such as keras.optimizers.SGD(0.01). Received: {label}="
-            f"{inner!r} of type {type(inner).__name__}"
-        )
-    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
-        raise TypeError(
-            f"`{label}` must not be a LossScaleOptimizer: loss scaling belongs "
-            "around the steps that use the scaled gradients. Pass the plain "
-            "optimizer, and wrap the SkipCorrectionOptimizer instead "
-            "(`keras.optimizers.LossScaleOptimizer(SkipCorrectionOptimizer(...))`"
-            ", which `model.compile` does itself under mixed_float16)."
-            f" Received: {label}={inner!r}"
-        )
-    implements_update = (
-        type(inner).update_step is not keras.optimizers.Optimizer.update_step
-    )
-    replaced = _compat.replaced_overrides(inner)
-    if replaced and implements_update:
-        raise TypeError(
-            f"`{label}` overrides {', '.join(f'`{m}`' for m in replaced)}, "
-            "which SkipCorrectionOptimizer replaces with its own local steps "
-            "and averages, so the override would silently not run. Received: "
-            f"{label}={inner!r} of type {type(inner).__name__}. Move the "
-            "logic into `update_step`, `_backend_update_step` or "
-            "`_apply_weight_decay`, which are kept."
-        )
-    if not implements_update:
-        raise TypeError(
-            f"`{label}` must implement `update_step`, as every "
-            "optimizer in keras.optimizers does; wrappers that override "
-            f"`apply` instead (such as {type(inner).__name__}) cannot be "
-            "wrapped."
-        )
-    if inner.gradient_accumulation_steps:
-        raise ValueError(
-            f"SkipCorrectionOptimizer does not support an `{label}` with "
-            "`gradient_accumulation_steps` (Keras accumulates under a "
-            "replica-context condition that deadlocks under tf.distribute). "
-            "Received: gradient_accumulation_steps="
-            f"{inner.gradient_accumulation_steps!r}; use a larger batch or a "
-            "larger `interval` instead."
-        )
-    if inner.use_ema:
-        raise ValueError(
-            f"SkipCorrectionOptimizer does not support an `{label}` with "
-            "`use_ema=True` (each replica's moving average would drift on its "
-            "own). Received: use_ema=True; keep the moving average outside, "
-            "for example with a callback on the averaged model."
-        )
-
-
-_BASE_ARGUMENTS = (
-    "learning_rate",
-    "weight_decay",
-    "clipnorm",
-    "clipvalue",
-    "global_clipnorm",
-    "use_ema",
-    "ema_momentum",
-    "ema_overwrite_frequency",
-    "loss_scale_factor",
-    "gradient_accumulation_steps",
-)
-
-
-def _reject_base_arguments(kwargs) -> None:
-    for key in kwargs:
-        if key in _BASE_ARGUMENTS:
-            raise ValueError(
-                f"SkipCorrectionOptimizer does not take `{key}`; set it on "
-                f"the inner optimizer instead. Received: {key}={kwargs[key]!r}"
-            )
-    if kwargs:
-        raise TypeError(
-            "SkipCorrectionOptimizer got unexpected arguments: "
-            f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
-            "correction, optimizer_state, warmup_steps, outer_optimizer, "
-            "compression, measure_drift, group_size, overlap, name."
-        )
 
 
 __all__ = ["SkipCorrectionOptimizer"]

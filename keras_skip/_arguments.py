@@ -1,0 +1,172 @@
+"""The checks and rewrites of `SkipCorrectionOptimizer`'s constructor
+arguments that need Keras: each message names the argument, the value and
+what is allowed."""
+
+from __future__ import annotations
+
+import numbers
+
+import keras
+
+from keras_skip import _compat
+
+
+def replicas_per_group(group_size, strategy) -> int:
+    """Resolves `group_size` against the replicas of this worker."""
+    if group_size is None:
+        return 1
+    try:
+        local = len(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy: one replica
+        local = 1
+    if group_size == "worker":
+        return local
+    if local % group_size:
+        raise ValueError(
+            "`group_size` must divide the number of replicas on each worker "
+            f"({local} here), so that no group spans two workers. "
+            f"Received: group_size={group_size!r}"
+        )
+    return group_size
+
+
+def loss_scaling_around(cls, loss_scale, *args, **kwargs):
+    """`SkipCorrectionOptimizer(LossScaleOptimizer(opt), ...)` rebuilt as
+    `LossScaleOptimizer(SkipCorrectionOptimizer(opt, ...))`: the scaled
+    gradients must be unscaled, checked and agreed on before any step or
+    average, which is what the outer position does (see `_compat`)."""
+    if loss_scale.built:
+        raise ValueError(
+            "The LossScaleOptimizer passed as `inner_optimizer` has already "
+            "been built on variables. Pass a new, unused one (or the plain "
+            "optimizer)."
+        )
+    skip = cls(loss_scale.inner_optimizer, *args, **kwargs)
+    return keras.optimizers.LossScaleOptimizer(
+        skip,
+        initial_scale=loss_scale.initial_scale,
+        dynamic_growth_steps=loss_scale.dynamic_growth_steps,
+        name=loss_scale.name,
+    )
+
+
+def check_correction(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            "`correction` must be a number in [0, 1]. "
+            f"Received: correction={value!r} of type {type(value).__name__}"
+        )
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(
+            "`correction` must be in [0, 1] (0 = plain local SGD). "
+            f"Received: correction={value!r}"
+        )
+    return float(value)
+
+
+def check_slot_policy(inner, optimizer_state) -> None:
+    """Refuses slot policies that would break an optimizer whose state holds
+    a weight-like sequence (ScheduleFreeAdamW's `momentum` is its `z`
+    sequence, from which the weights are interpolated): kept local it would
+    never be averaged, and reset it would be zero."""
+    schedule_free = getattr(keras.optimizers, "ScheduleFreeAdamW", ())  # keras 3.14+
+    if isinstance(inner, schedule_free) and optimizer_state != "average":
+        raise ValueError(
+            "ScheduleFreeAdamW keeps a weight-like sequence in its state, "
+            "which an average must include: pass optimizer_state='average'. "
+            f"Received: optimizer_state={optimizer_state!r}"
+        )
+
+
+def check_wrapped_optimizer(
+    inner, wrapper: type, label: str = "inner_optimizer"
+) -> None:
+    """Refuses what cannot be wrapped by `wrapper` (SkipCorrectionOptimizer)
+    as `label`, saying why and what to pass instead."""
+    if isinstance(inner, wrapper):
+        raise ValueError(
+            f"`{label}` is already a SkipCorrectionOptimizer; wrapping "
+            "it again would nest two averaging schedules. Wrap the plain "
+            "optimizer once."
+        )
+    if not isinstance(inner, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"`{label}` must be a keras.optimizers.Optimizer instance, "
+            f"such as keras.optimizers.SGD(0.01). Received: {label}="
+            f"{inner!r} of type {type(inner).__name__}"
+        )
+    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        raise TypeError(
+            f"`{label}` must not be a LossScaleOptimizer: loss scaling belongs "
+            "around the steps that use the scaled gradients. Pass the plain "
+            "optimizer, and wrap the SkipCorrectionOptimizer instead "
+            "(`keras.optimizers.LossScaleOptimizer(SkipCorrectionOptimizer(...))`"
+            ", which `model.compile` does itself under mixed_float16)."
+            f" Received: {label}={inner!r}"
+        )
+    implements_update = (
+        type(inner).update_step is not keras.optimizers.Optimizer.update_step
+    )
+    replaced = _compat.replaced_overrides(inner)
+    if replaced and implements_update:
+        raise TypeError(
+            f"`{label}` overrides {', '.join(f'`{m}`' for m in replaced)}, "
+            "which SkipCorrectionOptimizer replaces with its own local steps "
+            "and averages, so the override would silently not run. Received: "
+            f"{label}={inner!r} of type {type(inner).__name__}. Move the "
+            "logic into `update_step`, `_backend_update_step` or "
+            "`_apply_weight_decay`, which are kept."
+        )
+    if not implements_update:
+        raise TypeError(
+            f"`{label}` must implement `update_step`, as every "
+            "optimizer in keras.optimizers does; wrappers that override "
+            f"`apply` instead (such as {type(inner).__name__}) cannot be "
+            "wrapped."
+        )
+    if inner.gradient_accumulation_steps:
+        raise ValueError(
+            f"SkipCorrectionOptimizer does not support an `{label}` with "
+            "`gradient_accumulation_steps` (Keras accumulates under a "
+            "replica-context condition that deadlocks under tf.distribute). "
+            "Received: gradient_accumulation_steps="
+            f"{inner.gradient_accumulation_steps!r}; use a larger batch or a "
+            "larger `interval` instead."
+        )
+    if inner.use_ema:
+        raise ValueError(
+            f"SkipCorrectionOptimizer does not support an `{label}` with "
+            "`use_ema=True` (each replica's moving average would drift on its "
+            "own). Received: use_ema=True; keep the moving average outside, "
+            "for example with a callback on the averaged model."
+        )
+
+
+BASE_ARGUMENTS = (
+    "learning_rate",
+    "weight_decay",
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "loss_scale_factor",
+    "gradient_accumulation_steps",
+)
+
+
+def reject_base_arguments(kwargs) -> None:
+    for key in kwargs:
+        if key in BASE_ARGUMENTS:
+            raise ValueError(
+                f"SkipCorrectionOptimizer does not take `{key}`; set it on "
+                f"the inner optimizer instead. Received: {key}={kwargs[key]!r}"
+            )
+    if kwargs:
+        raise TypeError(
+            "SkipCorrectionOptimizer got unexpected arguments: "
+            f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
+            "correction, optimizer_state, warmup_steps, outer_optimizer, "
+            "compression, measure_drift, group_size, overlap, name."
+        )

@@ -1,0 +1,145 @@
+"""The updates a local step and an average write on each replica, and the
+cross-replica helpers that feed them.
+
+Each update runs under ``strategy.extended.update`` on one replica's
+variable; the helpers build what a cross-replica context hands them
+(distributed values, group means). TensorFlow only: no option of the
+optimizer is read here.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_skip import _compat
+
+
+def when(distribution, pred, fn, variables, dtypes=()) -> list:
+    """`fn()`, a list of distributed values shaped like `variables`, if `pred`,
+    else empty tensors: a `tf.cond` in cross-replica context, returning
+    `PerReplica` values. `dtypes`: the values' types where they are not the
+    variables' (a leading part of the list)."""
+    local = len(distribution.extended.worker_devices)
+    types = list(dtypes) + [v.dtype for v in variables[len(dtypes) :]]
+
+    def taken():
+        return [
+            part
+            for value in fn()
+            for part in distribution.experimental_local_results(value)
+        ]
+
+    def skipped():
+        return [tf.zeros([0], dtype) for dtype in types for _ in range(local)]
+
+    flat = tf.cond(pred, taken, skipped, name="average_overlapped_sent")
+    values = []
+    for i, v in enumerate(variables):
+        parts = flat[i * local : (i + 1) * local]
+        for part in parts:
+            part.set_shape(v.shape)
+        values.append(_compat.per_replica(parts))
+    return values
+
+
+def bytes(variables) -> int:
+    """Bytes of the values of these variables (a dense payload)."""
+    return sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size for v in variables)
+
+
+def group_means(distribution, grads, group_size) -> list:
+    """Each replica's gradient replaced by the mean over its group (local
+    replicas in consecutive groups of `group_size`), for hierarchical
+    averaging. Every member gets the same tensor, so the group stays
+    identical."""
+    devices = distribution.extended.worker_devices
+    grouped = []
+    for g in grads:
+        parts = distribution.experimental_local_results(g)
+        means = []
+        for first in range(0, len(parts), group_size):
+            members = parts[first : first + group_size]
+            with tf.device(devices[first]):
+                if isinstance(members[0], tf.IndexedSlices):
+                    total = tf.IndexedSlices(
+                        tf.concat([m.values for m in members], 0),
+                        tf.concat([m.indices for m in members], 0),
+                        members[0].dense_shape,
+                    )
+                else:
+                    total = tf.add_n(members)
+                mean = scale(total, 1.0 / group_size)
+            means.extend([mean] * group_size)
+        grouped.append(_compat.per_replica(means))
+    return grouped
+
+
+def is_float(v) -> bool:
+
+    return tf.as_dtype(v.dtype).is_floating
+
+
+def scale(gradient, factor):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            gradient.values * tf.cast(factor, gradient.values.dtype),
+            gradient.indices,
+            gradient.dense_shape,
+        )
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def add_scaled(variable, correction, lr):
+    """``variable += lr * correction`` in place, in one fused kernel; a
+    separate multiply and add made a model-sized temporary at every local
+    step (see "Outer optimizer and compressed averages" in the benchmarks)."""
+    tf.raw_ops.ResourceApplyGradientDescent(
+        var=variable.handle,
+        alpha=-tf.cast(lr, variable.dtype),
+        delta=correction.read_value(),
+    )
+
+
+def add_learning_rate(gamma, lr):
+
+    return gamma.assign_add(tf.cast(lr, gamma.dtype))
+
+
+def assign(variable, value):
+    return variable.assign(value)
+
+
+def add(variable, value):
+    return variable.assign_add(value)
+
+
+def assign_learning_rate(gamma, lr):
+    return gamma.assign(tf.cast(lr, gamma.dtype))
+
+
+def assign_with_correction(variable, mean, correction, scale, value=None):
+    """``x_i <- mean``, and ``c_i += scale (mean - x_i)``; `value`: the
+    replica's weights the average sent (a snapshot), if not the variable's."""
+    if correction is not None:
+        x = variable.read_value() if value is None else value
+        correction.assign_add((mean - x) * tf.cast(scale, variable.dtype))
+    return variable.assign(mean)
+
+
+def assign_compressed(
+    variable, mean, start, error, correction, scale, moved, wire, value=None
+):
+    x = variable.read_value() if value is None else value
+    base = tf.where(moved, start.read_value(), x)
+    update = x - base + error
+    sent = tf.cast(tf.cast(update, wire), variable.dtype)
+    error.assign(update - sent)
+    average = base + tf.cast(mean, variable.dtype)
+    if correction is not None:
+        # What this replica sent, not its exact weights: corrections sum to 0
+        # up to the rounding of the mean, which the all-reduce computes in
+        # the wire type.
+        correction.assign_add(
+            (average - (base + sent)) * tf.cast(scale, variable.dtype)
+        )
+    return variable.assign(average)
