@@ -119,17 +119,24 @@ def executed(name: str) -> pathlib.Path:
         kernel_of_this_interpreter() as kernel,
         tempfile.TemporaryDirectory() as work,
     ):
-        # Raises PapermillExecutionError, with the cell and its traceback, if
-        # a cell fails.
-        papermill.execute_notebook(
-            str(NOTEBOOKS / f"{name}.ipynb"),
-            str(partial),
-            parameters=SITE_PARAMETERS[name],
-            kernel_name=kernel,
-            cwd=work,
-            progress_bar=False,
-            execution_timeout=600,
-        )
+        try:
+            papermill.execute_notebook(
+                str(NOTEBOOKS / f"{name}.ipynb"),
+                str(partial),
+                parameters=SITE_PARAMETERS[name],
+                kernel_name=kernel,
+                cwd=work,
+                progress_bar=False,
+                execution_timeout=600,
+            )
+        except papermill.PapermillExecutionError as error:
+            # The failed cell and its traceback are in the message; the
+            # notebook as far as it ran stays for a look.
+            raise RuntimeError(
+                f"The tutorial notebook {name}.ipynb failed while the site was "
+                f"built; its outputs up to the failure are in {partial}.\n"
+                f"{error}"
+            ) from error
     partial.replace(path)
     return path
 

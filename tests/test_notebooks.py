@@ -195,3 +195,33 @@ def test_docs_build_strict_with_the_executed_notebooks(tmp_path):
                 continue
             image = (page.parent / source.split("#")[0]).resolve()
             assert image.is_file(), f"{page.relative_to(site)}: no image {source}"
+
+
+def test_a_failing_tutorial_names_its_cell_and_keeps_what_ran(tmp_path, monkeypatch):
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("steps = 2", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("print('before the failure')"),
+        nbformat.v4.new_code_cell("raise ValueError('a broken tutorial')"),
+    ]
+    notebook.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    notebook.metadata["language_info"] = {"name": "python"}
+    (tmp_path / "broken.ipynb").write_text(nbformat.writes(notebook))
+    monkeypatch.setattr(TUTORIALS, "NOTEBOOKS", tmp_path)
+    monkeypatch.setitem(TUTORIALS.SITE_PARAMETERS, "broken", {"steps": 1})
+    monkeypatch.setenv("KERAS_SKIP_TUTORIALS_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match=r"broken\.ipynb failed") as raised:
+        TUTORIALS.executed("broken")
+    message = str(raised.value)
+    assert "a broken tutorial" in message  # the cell's own error
+    [partial] = (tmp_path / "cache").glob("broken-*.partial.ipynb")
+    assert str(partial) in message
+    assert "before the failure" in partial.read_text()
+    # Nothing half-run is taken for a cached result.
+    assert not [p for p in (tmp_path / "cache").glob("*.ipynb") if p != partial]
