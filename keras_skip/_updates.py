@@ -143,3 +143,18 @@ def assign_compressed(
             (average - (base + sent)) * tf.cast(scale, variable.dtype)
         )
     return variable.assign(average)
+
+
+def reduce_mean(distribution, per_replica, payload, split=None) -> list:
+    """The MEAN all-reduce of an average. With `split`, two batches: the
+    first `split` values (the weights in the wire type), then the rest;
+    one batch per type, as a batch may be packed into one tensor."""
+    parts = [slice(0, None)] if split is None else [slice(0, split), slice(split, None)]
+    means = []
+    for part in parts:
+        if per_replica[part]:
+            means += distribution.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.MEAN,
+                list(zip(per_replica[part], payload[part], strict=True)),
+            )
+    return means

@@ -9,7 +9,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skip import _arguments, _checks, _compat, _replica_state, _updates, maths
+from keras_skip import (
+    _arguments,
+    _checks,
+    _codecs,
+    _compat,
+    _replica_state,
+    _updates,
+    maths,
+)
 from keras_skip.steering import Steering
 from keras_skip.steering import first_copy as _first_copy
 from keras_skip.steering import tf_variable as _tf_variable
@@ -448,6 +456,18 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if self._compression:
             # Per replica: what rounding to the wire type has not sent yet.
             self._errors = self.add_optimizer_variables(var_list, "unsent")
+            codec = _codecs.Compressed(
+                self._compression,
+                start_of=lambda v: _tf_variable(
+                    self._starts[self._get_variable_index(v)]
+                ),
+                error_of=lambda v: _tf_variable(
+                    self._errors[self._get_variable_index(v)]
+                ),
+            )
+        else:
+            codec = _codecs.Dense()
+        object.__setattr__(self, "_codec", codec)
         self._interval_variable = self.add_variable(
             (),
             initializer=keras.initializers.Constant(self._initial_interval),
@@ -784,34 +804,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             payload,
         )
 
-        def send():
-            if self._compression:
-                per_replica = self._compressed_payload(
-                    distribution, weights, payload[len(weights) :], moved, values
-                )
-                return self._reduce(distribution, per_replica, payload, len(weights))
-            return self._reduce(distribution, values, payload)
+        codec, rest = self._codec, payload[len(weights) :]
 
-        wire = tf.as_dtype(self._compression) if self._compression else None
-        dtypes = [wire] * len(weights) if wire is not None else []
+        def send():
+            per_replica = codec.send(distribution, weights, rest, moved, values)
+            return codec.reduce(distribution, weights, rest, per_replica)
+
+        dtypes = codec.wire_types(weights)
         means = _updates.when(distribution, overlapped, send, payload, dtypes)
         return _Sent(due, overlapped, moved, gamma, values, means)
-
-    def _reduce(self, distribution, per_replica, payload, split=None) -> list:
-        """The MEAN all-reduce of an average. With `split`, two batches: the
-        first `split` values (the weights in the wire type), then the rest;
-        one batch per type, as a batch may be packed into one tensor."""
-        parts = (
-            [slice(0, None)] if split is None else [slice(0, split), slice(split, None)]
-        )
-        means = []
-        for part in parts:
-            if per_replica[part]:
-                means += distribution.extended.batch_reduce_to(
-                    tf.distribute.ReduceOp.MEAN,
-                    list(zip(per_replica[part], payload[part], strict=True)),
-                )
-        return means
 
     def _average(self, distribution, include_slots=False, sent=None, lr=None):
         """Averages the replicas (cross-replica context); returns True.
@@ -840,37 +841,23 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     ],
                     args=(sent.snapshot,),
                 )
-            if self._compression:
-                means = self._compressed_average(
-                    distribution, weights, rest, scale, moved, sent
-                )
+            codec = self._codec
+            if sent is None:
+                per_replica = codec.send(distribution, weights, rest, moved)
+                means = codec.reduce(distribution, weights, rest, per_replica)
             else:
-                if sent is None:
-                    per_replica = extended.call_for_each_replica(
-                        lambda: [tf.identity(v) for v in payload]
-                    )
-                    means = self._reduce(distribution, per_replica, payload)
-                else:
-                    means = sent.means
-                self._bytes.value.assign_add(_updates.bytes(payload))
-                own = values[: len(weights)] if values is not None else None
-                if self._measure_drift:
-                    self._record_drift(
-                        distribution, weights, means[: len(weights)], values=own
-                    )
-                for i, v in enumerate(weights):
-                    c = self._corrections[self._get_variable_index(v)]
-                    extended.update(
-                        v,
-                        _updates.assign_with_correction,
-                        args=(
-                            means[i],
-                            _tf_variable(c),
-                            scale,
-                            None if own is None else own[i],
-                        ),
-                        group=False,
-                    )
+                means = sent.means
+            own = values[: len(weights)] if values is not None else None
+            self._bytes.value.assign_add(codec.bytes(weights, rest))
+            if self._measure_drift:
+                self._record_drift(
+                    distribution, weights, means[: len(weights)], moved, own
+                )
+            corrections = [
+                _tf_variable(self._corrections[self._get_variable_index(v)])
+                for v in weights
+            ]
+            codec.assign(distribution, weights, means, corrections, scale, moved, own)
             for v, mean in zip(rest, means[len(weights) :], strict=True):
                 extended.update(v, _updates.assign, args=(mean,), group=False)
             if self._optimizer_state == "reset" and not include_slots:
@@ -901,81 +888,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._local_steps.value.assign(0)
         self._averages.value.assign_add(1)
         return tf.constant(True)
-
-    def _compressed_payload(self, distribution, weights, rest, moved, values=None):
-        """Per replica, what an average with `compression` sends: each
-        weight's update since the period began plus its unsent error, in the
-        wire type, then `rest` as it is. `values`: the payload's values to
-        send (a snapshot) instead of the variables'."""
-        wire = tf.as_dtype(self._compression)
-        starts = [
-            _tf_variable(self._starts[self._get_variable_index(v)]) for v in weights
-        ]
-        errors = [
-            _tf_variable(self._errors[self._get_variable_index(v)]) for v in weights
-        ]
-
-        def payload(values):
-            sent = []
-            for i, (v, start, error) in enumerate(
-                zip(weights, starts, errors, strict=True)
-            ):
-                x = v.read_value() if values is None else values[i]
-                base = tf.where(moved, start.read_value(), x)
-                sent.append(tf.cast(x - base + error.read_value(), wire))
-            if values is None:
-                return sent + [tf.identity(v) for v in rest]
-            return sent + list(values[len(weights) :])
-
-        return distribution.extended.call_for_each_replica(payload, args=(values,))
-
-    def _compressed_average(self, distribution, weights, rest, scale, moved, sent=None):
-        """The average with `compression`: sends the weights' updates since
-        the period began in the wire type, with error feedback, and assigns
-        the weights and corrections. Returns the means, the weights' first."""
-        extended = distribution.extended
-        wire = tf.as_dtype(self._compression)
-        starts = [
-            _tf_variable(self._starts[self._get_variable_index(v)]) for v in weights
-        ]
-        errors = [
-            _tf_variable(self._errors[self._get_variable_index(v)]) for v in weights
-        ]
-        values = None
-        if sent is None:
-            per_replica = self._compressed_payload(distribution, weights, rest, moved)
-            means = self._reduce(
-                distribution, per_replica, weights + rest, len(weights)
-            )
-        else:
-            values = sent.snapshot[: len(weights)]
-            means = sent.means
-        self._bytes.value.assign_add(
-            sum(v.shape.num_elements() * wire.size for v in weights)
-            + _updates.bytes(rest)
-        )
-        if self._measure_drift:
-            self._record_drift(
-                distribution, weights, means[: len(weights)], starts, moved, values
-            )
-        for i, v in enumerate(weights):
-            c = self._corrections[self._get_variable_index(v)]
-            extended.update(
-                v,
-                _updates.assign_compressed,
-                args=(
-                    means[i],
-                    starts[i],
-                    errors[i],
-                    _tf_variable(c),
-                    scale,
-                    moved,
-                    wire,
-                    None if values is None else values[i],
-                ),
-                group=False,
-            )
-        return means
 
     def _record_period_start(self, distribution, variables):
         """Keeps the weights at the first local step of a period (identical
@@ -1029,21 +941,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
         return tf.cond(moved, step, lambda: tf.constant(False))
 
-    def _record_drift(
-        self, distribution, weights, means, starts=None, moved=None, values=None
-    ):
+    def _record_drift(self, distribution, weights, means, moved, values=None):
         """Records ``mean_i ||x_i - x_bar||`` before the weights are overwritten
-        (with compression, ``means`` are the updates' and ``x_bar`` is
-        ``base + mean``, as in `_updates.assign_compressed`). `values`: the weights
-        the average sent (a snapshot) instead of the variables'."""
+        (``x_bar`` as the codec computes it from the means). `values`: the
+        weights the average sent (a snapshot) instead of the variables'."""
+        codec = self._codec
 
         def own_drift(means, values):
             squares = []
             for i, (v, m) in enumerate(zip(weights, means, strict=True)):
                 x = v.read_value() if values is None else values[i]
-                if starts is not None:
-                    base = tf.where(moved, starts[i].read_value(), x)
-                    m = base + tf.cast(m, x.dtype)
+                m = codec.averaged(v, x, m, moved)
                 squares.append(tf.reduce_sum(tf.square(tf.cast(x - m, tf.float64))))
             return tf.sqrt(tf.add_n(squares))
 

@@ -1,0 +1,139 @@
+"""What an average sends of the weights, and how each replica applies the mean.
+
+A codec is chosen once, when the optimizer is built: `Dense` sends every
+replica's weights as they are (``maths.average``); `Compressed` sends each
+weight's update since the period began in a 16-bit type with error feedback
+(``maths.compress_with_feedback`` and ``maths.wire_mean``). Both work in
+cross-replica context on the weights (the payload's first part) and pass the
+rest of the payload (model state, the stop vote, averaged slots) through as
+it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from keras_skip import _updates
+
+
+class Dense:
+    """Sends the weights themselves; the mean is the average."""
+
+    def wire_types(self, weights) -> list:
+        """The types of the weights' part of a payload where they are not the
+        variables' own (none here)."""
+        return []
+
+    def send(self, distribution, weights, rest, moved, values=None) -> list:
+        """Per replica, what the average sends: copies of the variables, or
+        `values` (a snapshot taken before a step) as they are."""
+        if values is not None:
+            return values
+        return distribution.extended.call_for_each_replica(
+            lambda: [tf.identity(v) for v in weights + rest]
+        )
+
+    def reduce(self, distribution, weights, rest, per_replica) -> list:
+        """The means of what `send` returned, in one batch."""
+        return _updates.reduce_mean(distribution, per_replica, weights + rest)
+
+    def bytes(self, weights, rest) -> int:
+        """Bytes each replica puts into the all-reduce."""
+        return _updates.bytes(weights + rest)
+
+    def averaged(self, variable, x, mean, moved):
+        """The average of one weight, from a replica's value `x` and the mean
+        of what was sent (per replica, as `assign` computes it)."""
+        return mean
+
+    def assign(
+        self, distribution, weights, means, corrections, scale, moved, values=None
+    ) -> None:
+        """On each replica: the weights to the average, the corrections by
+        ``scale * (average - x_i)``; `values`: the weights that were sent (a
+        snapshot), if not the variables'."""
+        for i, v in enumerate(weights):
+            distribution.extended.update(
+                v,
+                _updates.assign_with_correction,
+                args=(
+                    means[i],
+                    corrections[i],
+                    scale,
+                    None if values is None else values[i],
+                ),
+                group=False,
+            )
+
+
+class Compressed(Dense):
+    """Sends each weight's update since the period began plus what earlier
+    rounds did not send, rounded to `dtype`; keeps the rounding's loss."""
+
+    def __init__(
+        self,
+        dtype: str,
+        start_of: Callable[[tf.Variable], tf.Variable],
+        error_of: Callable[[tf.Variable], tf.Variable],
+    ):
+        self.wire = tf.as_dtype(dtype)
+        self._start_of = start_of
+        self._error_of = error_of
+
+    def wire_types(self, weights) -> list:
+        return [self.wire] * len(weights)
+
+    def send(self, distribution, weights, rest, moved, values=None) -> list:
+        starts = [self._start_of(v) for v in weights]
+        errors = [self._error_of(v) for v in weights]
+
+        def payload(values):
+            sent = []
+            for i, (v, start, error) in enumerate(
+                zip(weights, starts, errors, strict=True)
+            ):
+                x = v.read_value() if values is None else values[i]
+                base = tf.where(moved, start.read_value(), x)
+                sent.append(tf.cast(x - base + error.read_value(), self.wire))
+            if values is None:
+                return sent + [tf.identity(v) for v in rest]
+            return sent + list(values[len(weights) :])
+
+        return distribution.extended.call_for_each_replica(payload, args=(values,))
+
+    def reduce(self, distribution, weights, rest, per_replica) -> list:
+        # One batch per type: a batch may be packed into one tensor.
+        return _updates.reduce_mean(
+            distribution, per_replica, weights + rest, len(weights)
+        )
+
+    def bytes(self, weights, rest) -> int:
+        return sum(
+            v.shape.num_elements() * self.wire.size for v in weights
+        ) + _updates.bytes(rest)
+
+    def averaged(self, variable, x, mean, moved):
+        base = tf.where(moved, self._start_of(variable).read_value(), x)
+        return base + tf.cast(mean, x.dtype)
+
+    def assign(
+        self, distribution, weights, means, corrections, scale, moved, values=None
+    ) -> None:
+        for i, v in enumerate(weights):
+            distribution.extended.update(
+                v,
+                _updates.assign_compressed,
+                args=(
+                    means[i],
+                    self._start_of(v),
+                    self._error_of(v),
+                    corrections[i],
+                    scale,
+                    moved,
+                    self.wire,
+                    None if values is None else values[i],
+                ),
+                group=False,
+            )
