@@ -145,7 +145,11 @@ class Steering:
     @interval_outside_hold.setter
     def interval_outside_hold(self, value: int) -> None:
         if self._outside is None:
-            raise RuntimeError("The interval is not held.")
+            raise RuntimeError(
+                "Steering.interval_outside_hold can be set only while the "
+                "interval is held (between `hold` and `release`); set "
+                "`optimizer.interval` instead."
+            )
         self._outside = value
 
     def hold(self, due: int) -> None:

@@ -324,3 +324,16 @@ def test_reset_needs_the_optimizer_built_eagerly():
         pytest.raises(ValueError, match=r"built, which must happen eagerly"),
     ):
         build()
+
+
+def test_steering_before_build_and_outside_a_hold_says_what_to_do():
+    optimizer = SkipCorrectionOptimizer(keras.optimizers.SGD(0.1), interval=4)
+    steering = optimizer.steering
+    assert steering.strategy is tf.distribute.get_strategy()  # known unbuilt
+    for call in (steering.counters, lambda: steering.hold(3), steering.release):
+        with pytest.raises(RuntimeError, match=r"once the optimizer is built.*build"):
+            call()
+    optimizer.build([keras.Variable([1.0])])
+    with pytest.raises(RuntimeError, match=r"only while the interval is held"):
+        steering.interval_outside_hold = 5
+    assert optimizer.interval == 4 and not steering.held
