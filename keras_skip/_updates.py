@@ -74,6 +74,21 @@ def group_means(distribution, grads, group_size) -> list:
     return grouped
 
 
+def no_groups(distribution, grads) -> list:
+    """No groups (``group_size=None``): each replica keeps its gradient."""
+    return grads
+
+
+def add_corrections(distribution, variables, corrections, lr) -> None:
+    """``x_i += lr * c_i`` on each replica, after its local step."""
+    for v, c in zip(variables, corrections, strict=True):
+        distribution.extended.update(v, add_scaled, args=(c, lr), group=False)
+
+
+def no_correction(distribution, variables, corrections, lr) -> None:
+    """No correction (``correction=0``, or one replica): nothing to add."""
+
+
 def is_float(v) -> bool:
 
     return tf.as_dtype(v.dtype).is_floating

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import NamedTuple
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -14,29 +15,21 @@ from keras_skip import (
     _checks,
     _codecs,
     _compat,
+    _drift,
+    _outer,
+    _overlap,
     _replica_state,
+    _slots,
     _updates,
     maths,
 )
 from keras_skip.steering import Steering
-from keras_skip.steering import first_copy as _first_copy
 from keras_skip.steering import tf_variable as _tf_variable
 from keras_skip.steering import write as _set
 
 _compat.check_versions()
 
 _REPLICAS_KEY = "{index}@replicas"
-
-
-class _Sent(NamedTuple):
-    """An overlapped average's state, taken before the local step."""
-
-    due: tf.Tensor  # an average is due after the step
-    overlapped: tf.Tensor  # ... and it is the overlapped one, started here
-    moved: tf.Tensor  # the weights had moved since the last average
-    gamma: tf.Tensor  # the learning rates' sum before the step
-    snapshot: list  # per replica: the payload before it
-    means: list  # the payload's means (empty when not overlapped)
 
 
 @keras.saving.register_keras_serializable(package="keras_skip")
@@ -349,10 +342,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def drift(self) -> tuple[float, float]:
         """``(sum over averages, last)`` of the measured drift
         ``mean_i ||x_i - x_bar||``; zeros unless ``measure_drift=True``."""
-        if not self.built or not self._measure_drift:
-            return 0.0, 0.0
-        total, last = self._drift.numpy().tolist()
-        return total, last
+        return self._drift.values() if self.built else (0.0, 0.0)
 
     @property
     def local_steps_since_average(self) -> int:
@@ -443,31 +433,33 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     "optimizer instance to SkipCorrectionOptimizer."
                 )
         self._group = _arguments.replicas_per_group(self._group_size, strategy)
+        n = strategy.num_replicas_in_sync
         super().build(var_list)
         _compat.build_tracked(self.inner_optimizer, var_list)
-        if self._optimizer_state == "reset" and strategy.num_replicas_in_sync > 1:
-            self._slot_starts = self._constant_slot_starts()
+        if self._optimizer_state == "reset" and n > 1:
+            self._slot_starts = _slots.constant_starts(self.inner_optimizer)
         if self.outer_optimizer is not None:
             _compat.build_tracked(self.outer_optimizer, var_list)
+        # Variables are created in this order whatever the options: a
+        # checkpoint's variables are positional.
+        self._period = _outer.NoPeriodStart()
         if self.outer_optimizer is not None or self._compression:
             # The weights when the current period began (identical on all
-            # replicas; see _record_period_start).
+            # replicas).
             self._starts = self.add_optimizer_variables(var_list, "period_start")
+            self._period = _outer.PeriodStart(self._own(self._starts))
         if self._compression:
             # Per replica: what rounding to the wire type has not sent yet.
             self._errors = self.add_optimizer_variables(var_list, "unsent")
             codec = _codecs.Compressed(
-                self._compression,
-                start_of=lambda v: _tf_variable(
-                    self._starts[self._get_variable_index(v)]
-                ),
-                error_of=lambda v: _tf_variable(
-                    self._errors[self._get_variable_index(v)]
-                ),
+                self._compression, self._period.of, self._own(self._errors)
             )
         else:
             codec = _codecs.Dense()
         object.__setattr__(self, "_codec", codec)
+        self._outer = _outer.NoOuterStep()
+        if self.outer_optimizer is not None:
+            self._outer = _outer.OuterStep(self.outer_optimizer, self._period)
         self._interval_variable = self.add_variable(
             (),
             initializer=keras.initializers.Constant(self._initial_interval),
@@ -481,10 +473,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             (), dtype="int64", name="synchronous_steps"
         )
         self._bytes = self.add_variable((), dtype="int64", name="bytes_sent")
+        self._drift = _drift.NoDrift()
         if self._measure_drift:
             # The sum of the drifts measured so far, and the last one.
-            self._drift = self.add_variable((2,), dtype="float64", name="drift")
-
+            self._drift = _drift.Drift(
+                self.add_variable((2,), dtype="float64", name="drift")
+            )
+        self._schedule = _overlap.Sequential(self._local_steps, self._interval_variable)
         if self._overlap:
             # 1 while the weights hold the local step an overlapped average
             # ran alongside, which no average has included yet.
@@ -498,6 +493,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 dtype="int64",
                 name="full_average_step",
             )
+        if self._overlap and n > 1:
+            self._schedule = _overlap.Overlapped(
+                self._local_steps,
+                self._interval_variable,
+                carried=self._carried,
+                full_at=self._full_at,
+                iterations=self._iterations,
+                gamma=self._gamma,
+                codec=codec,
+                payload=lambda: self._payload(include_slots=False),
+            )
 
         if _compat.is_multi_worker(strategy):
             # Not an optimizer variable: not saved, and 0 outside a request.
@@ -510,9 +516,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 )
             object.__setattr__(self, "_votes", (vote,))
 
-        # 1 while the inner optimizer's slots differ between replicas (policy
-        # "local"): a synchronous step must not start from them.
-        self._slots_apart = self.add_variable((), dtype="int64", name="slots_apart")
+        # 1 while the inner optimizer's slots differ between replicas: a
+        # synchronous step must not start from them.
+        apart = self.add_variable((), dtype="int64", name="slots_apart")
+        policy = _slots.POLICIES[self._optimizer_state]
+        self._slots = (
+            _slots.Reset(self.inner_optimizer, apart, self._slot_starts)
+            if policy is _slots.Reset
+            else policy(self.inner_optimizer, apart)
+        )
         # The adaptive decision: the chosen interval (0 = none yet) and its times.
         self._decided = self.add_variable((), dtype="int64", name="decided_interval")
         self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
@@ -529,10 +541,18 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             full_at=self._full_at if self._overlap else None,
         )
 
+        self._correct = _updates.no_correction
         if self._correction:
             self._corrections = self.add_optimizer_variables(var_list, "correction")
+            if n > 1:
+                self._correct = _updates.add_corrections
         else:
             self._corrections = [None] * len(var_list)
+        self._local_gradients = _updates.no_groups
+        if self._group > 1:
+            self._local_gradients = functools.partial(
+                _updates.group_means, group_size=self._group
+            )
         # tf.train.Checkpoint saves replica 0's copy of a mirrored variable;
         # a child of each per-replica variable carries every replica's copy.
         per_replica = {id(c.value): c for c in self._corrections if c is not None}
@@ -662,46 +682,29 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             return tf.constant(False)
 
         def local_step():
-            if self.outer_optimizer is not None or self._compression:
-                self._record_period_start(distribution, tf_variables)
-            sent = (
-                self._send_snapshot(distribution) if self._overlap and n > 1 else None
+            self._period.record_if_first(
+                distribution, tf_variables, self._schedule.first_of_period()
             )
-            grads = local_grads
-            if self._group > 1:
-                grads = _updates.group_means(distribution, local_grads, self._group)
+            sent = self._schedule.before_step(distribution)
+            grads = self._local_gradients(distribution, local_grads)
             _compat.optimizer_step(inner, distribution, grads, variables, lr)
-            if n > 1 and self._correction:
-                for v in tf_variables:
-                    c = self._corrections[self._get_variable_index(v)]
-                    extended.update(
-                        v, _updates.add_scaled, args=(_tf_variable(c), lr), group=False
-                    )
+            self._correct(
+                distribution,
+                tf_variables,
+                [_tf_variable(c) for c in self._own_corrections(tf_variables)],
+                lr,
+            )
             extended.update(
                 self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
             )
             local_steps = self._local_steps.value.assign_add(1)
-            if n > 1 and self._slot_variables():
-                self._slots_apart.value.assign(1)
-            # The conditions' names tell the averages apart in the graph
-            # (tests check that a local step communicates in them only).
-            if sent is not None:
-                return tf.cond(
-                    sent.overlapped,
-                    lambda: self._average(distribution, sent=sent, lr=lr),
-                    lambda: tf.cond(
-                        sent.due,
-                        lambda: self._average(distribution),
-                        lambda: tf.constant(False),
-                        name="average_due",
-                    ),
-                    name="average_overlapped",
-                )
-            return tf.cond(
-                local_steps >= self._interval_variable.value,
+            if n > 1:
+                self._slots.after_local_step(self._slots.slots())
+            return self._schedule.after_step(
+                sent,
+                local_steps,
                 lambda: self._average(distribution),
-                lambda: tf.constant(False),
-                name="average_due",
+                lambda sent: self._average_overlapped(distribution, sent, lr),
             )
 
         is_synchronous = tf.logical_or(
@@ -716,259 +719,96 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     # Averages.
     # ------------------------------------------------------------------
 
-    def _slot_variables(self) -> list[tf.Variable]:
-        inner = self.inner_optimizer
-        skip = {
-            id(_compat.iterations_variable(inner)),
-            id(_compat.learning_rate_variable(inner)),
-        }
-        return [
-            _tf_variable(v)
-            for v in inner.variables
-            if id(v) not in skip and _updates.is_float(v)
-        ]
+    def _own(self, variables) -> Callable[[tf.Variable], tf.Variable]:
+        """A trainable variable's own variable among `variables` (one per
+        trainable variable, such as its correction)."""
+        return lambda v: _tf_variable(variables[self._get_variable_index(v)])
 
-    def _constant_slot_starts(self) -> dict[int, float]:
-        """For optimizer_state="reset": the constant each slot starts from
-        (0 for momentum, `initial_accumulator_value` for Adagrad's
-        accumulators, 1 for Nadam's momentum schedule), read once, when
-        built. A slot that starts from anything else (the weights) cannot be
-        reset: a ValueError names it."""
-        if tf.inside_function():
-            raise ValueError(
-                "SkipCorrectionOptimizer(optimizer_state='reset') reads the "
-                "values the inner optimizer's state starts from when it is "
-                "built, which must happen eagerly: call "
-                "`optimizer.build(model.trainable_variables)` inside "
-                "`strategy.scope()` before the training loop."
-            )
-        starts = {}
-        for slot in self._slot_variables():
-            with tf.init_scope():
-                value = _first_copy(slot).read_value()
-                low = float(tf.reduce_min(value).numpy())
-                high = float(tf.reduce_max(value).numpy())
-            if low != high:
-                raise ValueError(
-                    "SkipCorrectionOptimizer(optimizer_state='reset') sets the "
-                    "inner optimizer's state back to where it started at every "
-                    f"average, but {type(self.inner_optimizer).__name__}'s "
-                    f"variable '{slot.name}' does not start from a constant "
-                    "(it starts from the weights). Use optimizer_state="
-                    "'average' or 'local'."
-                )
-            starts[id(slot)] = low
-        return starts
+    def _own_corrections(self, variables) -> list:
+        return [self._corrections[self._get_variable_index(v)] for v in variables]
 
     def _payload(self, include_slots: bool):
         """``(weights, slots, payload)``: what an average sends is the
         payload, the trainable weights first."""
         weights = [_tf_variable(v) for v in self._stepped_variables()]
-        slots = self._slot_variables()
-        averaged_slots = (
-            slots if include_slots or self._optimizer_state == "average" else []
-        )
-        return (
-            weights,
-            slots,
-            weights + self._model_state + list(self._votes) + averaged_slots,
-        )
+        slots = self._slots.slots()
+        sent = self._slots.sent(slots, include_slots)
+        return weights, slots, weights + self._model_state + list(self._votes) + sent
 
-    def _moved(self):
-        """Whether the weights moved since the last average (cross-replica)."""
-        moved = self._local_steps.value > 0
-        if self._overlap:
-            moved = tf.logical_or(moved, self._carried.value > 0)
-        return moved
-
-    def _send_snapshot(self, distribution) -> _Sent:
-        """Overlap, before the local step: reads what an average would send
-        (the values before the step) and, if an overlapped average is due
-        after the step, starts its all-reduce. Nothing here writes a
-        variable the step touches, and the step writes nothing read here
-        after these reads, so the runtime runs the all-reduce while the
-        step's forward and backward pass compute."""
-        extended = distribution.extended
-        due = self._local_steps.value + 1 >= self._interval_variable.value
-        overlapped = tf.logical_and(due, self._iterations.value != self._full_at.value)
-        moved = self._moved()
-        gamma = tf.identity(self._gamma.value)
-        weights, _, payload = self._payload(include_slots=False)
-        # Read only when due: the step's update then copies what it writes.
-        values = _updates.when(
-            distribution,
-            overlapped,
-            lambda: extended.call_for_each_replica(
-                lambda: [tf.identity(v) for v in payload]
-            ),
-            payload,
-        )
-
-        codec, rest = self._codec, payload[len(weights) :]
-
-        def send():
-            per_replica = codec.send(distribution, weights, rest, moved, values)
-            return codec.reduce(distribution, weights, rest, per_replica)
-
-        dtypes = codec.wire_types(weights)
-        means = _updates.when(distribution, overlapped, send, payload, dtypes)
-        return _Sent(due, overlapped, moved, gamma, values, means)
-
-    def _average(self, distribution, include_slots=False, sent=None, lr=None):
-        """Averages the replicas (cross-replica context); returns True.
-
-        With `sent` (overlap), the average of the snapshots `sent` carries,
-        applied after the step: each replica keeps its step's displacement
-        on top, and the correction is updated on the snapshot.
-        """
-        n = distribution.num_replicas_in_sync
-        extended = distribution.extended
-        moved = self._moved() if sent is None else sent.moved
-        if n > 1:
+    def _average(self, distribution, include_slots=False):
+        """Averages the replicas (cross-replica context); returns True."""
+        moved = self._schedule.moved()
+        if distribution.num_replicas_in_sync > 1:
             weights, slots, payload = self._payload(include_slots)
             rest = payload[len(weights) :]
-            gamma = self._gamma.value if sent is None else sent.gamma
-            scale = tf.math.divide_no_nan(
-                tf.constant(self._correction, tf.float32), gamma
-            )
-            values = None
-            if sent is not None:
-                values = sent.snapshot
-                displacements = extended.call_for_each_replica(
-                    lambda snapshot: [
-                        tf.identity(v) - s
-                        for v, s in zip(payload, snapshot, strict=True)
-                    ],
-                    args=(sent.snapshot,),
-                )
-            codec = self._codec
-            if sent is None:
-                per_replica = codec.send(distribution, weights, rest, moved)
-                means = codec.reduce(distribution, weights, rest, per_replica)
-            else:
-                means = sent.means
-            own = values[: len(weights)] if values is not None else None
-            self._bytes.value.assign_add(codec.bytes(weights, rest))
-            if self._measure_drift:
-                self._record_drift(
-                    distribution, weights, means[: len(weights)], moved, own
-                )
-            corrections = [
-                _tf_variable(self._corrections[self._get_variable_index(v)])
-                for v in weights
-            ]
-            codec.assign(distribution, weights, means, corrections, scale, moved, own)
-            for v, mean in zip(rest, means[len(weights) :], strict=True):
-                extended.update(v, _updates.assign, args=(mean,), group=False)
-            if self._optimizer_state == "reset" and not include_slots:
-                for s in slots:
-                    start = tf.cast(self._slot_starts[id(s)], s.dtype)
-                    s.assign(tf.fill(s.shape, start))
-            if sent is None and (include_slots or self._optimizer_state != "local"):
-                self._slots_apart.value.assign(0)
-        if self.outer_optimizer is not None:
-            self._outer_step(distribution, moved, self._stepped_variables())
-        if sent is not None:
-            if self.outer_optimizer is not None or self._compression:
-                # The next period starts from the (outer) average.
-                self._record_starts(distribution, weights)
-            for v, d in zip(payload, displacements, strict=True):
-                extended.update(v, _updates.add, args=(d,), group=False)
-            extended.update(
-                self._gamma.value,
-                _updates.assign_learning_rate,
-                args=(lr,),
-                group=False,
-            )
-            self._carried.value.assign(1)
-        else:
-            self._gamma.value.assign(0.0)
-            if self._overlap:
-                self._carried.value.assign(0)
+            per_replica = self._codec.send(distribution, weights, rest, moved)
+            means = self._codec.reduce(distribution, weights, rest, per_replica)
+            self._assign_means(distribution, payload, weights, means, moved)
+            self._slots.after_average(slots, include_slots, overlapped=False)
+        self._outer.after_average(distribution, moved, self._stepped_variables())
+        self._gamma.value.assign(0.0)
+        self._schedule.after_average(overlapped=False)
+        return self._count_average()
+
+    def _average_overlapped(self, distribution, sent, lr):
+        """The average of the snapshots `sent` carries (whose all-reduce
+        started before the step), applied after the step: each replica keeps
+        its step's displacement on top, and the correction is updated on the
+        snapshot (``maths.overlapped_average``). Returns True."""
+        extended = distribution.extended
+        weights, slots, payload = self._payload(include_slots=False)
+        displacements = extended.call_for_each_replica(
+            lambda snapshot: [
+                tf.identity(v) - s for v, s in zip(payload, snapshot, strict=True)
+            ],
+            args=(sent.snapshot,),
+        )
+        own = sent.snapshot[: len(weights)]
+        self._assign_means(
+            distribution, payload, weights, sent.means, sent.moved, own, sent.gamma
+        )
+        self._slots.after_average(slots, include_slots=False, overlapped=True)
+        self._outer.after_average(distribution, sent.moved, self._stepped_variables())
+        # The next period starts from the (outer) average.
+        self._period.record(distribution, weights)
+        for v, d in zip(payload, displacements, strict=True):
+            extended.update(v, _updates.add, args=(d,), group=False)
+        extended.update(
+            self._gamma.value, _updates.assign_learning_rate, args=(lr,), group=False
+        )
+        self._schedule.after_average(overlapped=True)
+        return self._count_average()
+
+    def _assign_means(
+        self, distribution, payload, weights, means, moved, own=None, gamma=None
+    ) -> None:
+        """Every replica's payload to the means, the weights through the codec
+        (corrections by ``correction / gamma * (average - x_i)``); the drift
+        measured before. `own`: the weights that were sent (a snapshot), if
+        not the variables'; `gamma`: the learning rates' sum they were taken
+        at, if not the current one."""
+        codec = self._codec
+        gamma = self._gamma.value if gamma is None else gamma
+        scale = tf.math.divide_no_nan(tf.constant(self._correction, tf.float32), gamma)
+        rest = payload[len(weights) :]
+        self._bytes.value.assign_add(codec.bytes(weights, rest))
+        self._drift.record(
+            distribution, codec, weights, means[: len(weights)], moved, own
+        )
+        corrections = [_tf_variable(c) for c in self._own_corrections(weights)]
+        codec.assign(distribution, weights, means, corrections, scale, moved, own)
+        for v, mean in zip(rest, means[len(weights) :], strict=True):
+            distribution.extended.update(v, _updates.assign, args=(mean,), group=False)
+
+    def _count_average(self):
         self._local_steps.value.assign(0)
         self._averages.value.assign_add(1)
         return tf.constant(True)
 
-    def _record_period_start(self, distribution, variables):
-        """Keeps the weights at the first local step of a period (identical
-        on every replica: they were just averaged or synchronized)."""
-        first = self._local_steps.value == 0
-        if self._overlap:
-            # After an overlapped average the weights hold a local step: the
-            # period's start was recorded by that average.
-            first = tf.logical_and(first, self._carried.value == 0)
-
-        def record():
-            self._record_starts(distribution, variables)
-            return tf.constant(True)
-
-        return tf.cond(first, record, lambda: tf.constant(False))
-
-    def _record_starts(self, distribution, variables):
-        for v in variables:
-            start = _tf_variable(self._starts[self._get_variable_index(v)])
-            distribution.extended.update(start, _updates.assign, args=(v,), group=False)
-
-    def _outer_step(self, distribution, moved, variables):
-        """The outer optimizer's step after the average, if the period had
-        local steps: the variables, which hold the average, go back to where
-        the period started, and the outer optimizer takes one step there with
-        the pseudo-gradient ``start - average``, exactly as its own ``apply``
-        would (clipping, weight decay, its update hooks), minus the gradient
-        all-reduce: every replica holds the same values."""
-        outer = self.outer_optimizer
-        extended = distribution.extended
-
-        def step():
-            starts = [
-                _tf_variable(self._starts[self._get_variable_index(v)])
-                for v in variables
-            ]
-            pseudo_gradients = [
-                s.read_value() - _tf_variable(v).read_value()
-                for v, s in zip(variables, starts, strict=True)
-            ]
-            for v, start in zip(variables, starts, strict=True):
-                extended.update(
-                    _tf_variable(v), _updates.assign, args=(start,), group=False
-                )
-            grads = _compat.clip_gradients(outer, pseudo_gradients)
-            _compat.optimizer_step(
-                outer, distribution, grads, variables, outer.learning_rate
-            )
-            outer.iterations.value.assign_add(1)
-            return tf.constant(True)
-
-        return tf.cond(moved, step, lambda: tf.constant(False))
-
-    def _record_drift(self, distribution, weights, means, moved, values=None):
-        """Records ``mean_i ||x_i - x_bar||`` before the weights are overwritten
-        (``x_bar`` as the codec computes it from the means). `values`: the
-        weights the average sent (a snapshot) instead of the variables'."""
-        codec = self._codec
-
-        def own_drift(means, values):
-            squares = []
-            for i, (v, m) in enumerate(zip(weights, means, strict=True)):
-                x = v.read_value() if values is None else values[i]
-                m = codec.averaged(v, x, m, moved)
-                squares.append(tf.reduce_sum(tf.square(tf.cast(x - m, tf.float64))))
-            return tf.sqrt(tf.add_n(squares))
-
-        drift = distribution.extended.call_for_each_replica(
-            own_drift, args=(means, values)
-        )
-        drift = distribution.extended.batch_reduce_to(
-            tf.distribute.ReduceOp.MEAN, [(drift, drift)]
-        )[0]
-        drift = distribution.experimental_local_results(drift)[0]
-        total = self._drift.value.read_value()[0]
-        self._drift.value.assign(tf.stack([total + drift, drift]))
-
     def _average_if_pending(self, distribution, include_slots=False):
-        pending = self._moved()
+        pending = self._schedule.moved()
         if include_slots:
-            pending = tf.logical_or(pending, self._slots_apart.value > 0)
+            pending = tf.logical_or(pending, self._slots.apart.value > 0)
         return tf.cond(
             pending,
             lambda: self._average(distribution, include_slots),
@@ -1028,7 +868,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         corrections = {id(c.value) for c in self._corrections if c is not None}
         if self._compression:  # restart from zero on another replica count too
             corrections |= {id(e.value) for e in self._errors}
-        per_replica = corrections | {id(v) for v in self._slot_variables()}
+        per_replica = corrections | {id(v) for v in self._slots.slots()}
         state = []
         for i, v in enumerate(self.variables):
             variable = _tf_variable(v)

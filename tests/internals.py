@@ -15,7 +15,7 @@ def corrections(optimizer) -> list:
 
 def slot_variables(optimizer) -> list:
     """The inner optimizer's float state that averages may cover."""
-    return optimizer._slot_variables()
+    return optimizer._slots.slots()
 
 
 def model_state(optimizer) -> list:
