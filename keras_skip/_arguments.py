@@ -8,7 +8,7 @@ import numbers
 
 import keras
 
-from keras_skip import _compat
+from keras_skip import _checks, _compat, maths
 
 
 def replicas_per_group(group_size, strategy) -> int:
@@ -65,16 +65,55 @@ def check_correction(value) -> float:
 
 
 def check_slot_policy(inner, optimizer_state) -> None:
-    """Refuses slot policies that would break an optimizer whose state holds
-    a weight-like sequence (ScheduleFreeAdamW's `momentum` is its `z`
-    sequence, from which the weights are interpolated): kept local it would
-    never be averaged, and reset it would be zero."""
+    """Refuses an unknown slot policy, and those that would break an
+    optimizer whose state holds a weight-like sequence (ScheduleFreeAdamW's
+    `momentum` is its `z` sequence, from which the weights are interpolated):
+    kept local it would never be averaged, and reset it would be zero."""
+    if optimizer_state not in maths.OPTIMIZER_STATE_POLICIES:
+        raise ValueError(
+            "`optimizer_state` must be one of "
+            f"{', '.join(repr(p) for p in maths.OPTIMIZER_STATE_POLICIES)}. "
+            f"Received: optimizer_state={optimizer_state!r}"
+        )
     schedule_free = getattr(keras.optimizers, "ScheduleFreeAdamW", ())  # keras 3.14+
     if isinstance(inner, schedule_free) and optimizer_state != "average":
         raise ValueError(
             "ScheduleFreeAdamW keeps a weight-like sequence in its state, "
             "which an average must include: pass optimizer_state='average'. "
             f"Received: optimizer_state={optimizer_state!r}"
+        )
+
+
+def check_compression(compression) -> str | None:
+    if compression is not None and compression not in maths.COMPRESSIONS:
+        raise ValueError(
+            "`compression` must be None, "
+            f"{' or '.join(repr(c) for c in maths.COMPRESSIONS)}. "
+            f"Received: compression={compression!r}"
+        )
+    return compression
+
+
+def check_group_size(group_size) -> int | str | None:
+    if group_size is None or group_size == "worker":
+        return group_size
+    if isinstance(group_size, str):
+        raise ValueError(
+            "`group_size` must be None, an integer >= 1 or "
+            f"'worker'. Received: group_size={group_size!r}"
+        )
+    return _checks.integer("group_size", group_size, minimum=1)
+
+
+def check_outer_optimizer(outer, inner, wrapper: type) -> None:
+    if outer is None:
+        return
+    check_wrapped_optimizer(outer, wrapper, "outer_optimizer")
+    if outer is inner:
+        raise ValueError(
+            "`outer_optimizer` must be another optimizer instance than "
+            "`inner_optimizer`: they keep different state. Received "
+            "the same object for both."
         )
 
 

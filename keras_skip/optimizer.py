@@ -21,7 +21,6 @@ from keras_skip import (
     _replica_state,
     _slots,
     _updates,
-    maths,
 )
 from keras_skip.steering import Steering
 from keras_skip.steering import tf_variable as _tf_variable
@@ -187,25 +186,14 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         _arguments.reject_base_arguments(kwargs)
         _arguments.check_wrapped_optimizer(inner_optimizer, type(self))
         _arguments.check_slot_policy(inner_optimizer, optimizer_state)
-        if outer_optimizer is not None:
-            _arguments.check_wrapped_optimizer(
-                outer_optimizer, type(self), "outer_optimizer"
-            )
-            if outer_optimizer is inner_optimizer:
-                raise ValueError(
-                    "`outer_optimizer` must be another optimizer instance than "
-                    "`inner_optimizer`: they keep different state. Received "
-                    "the same object for both."
-                )
+        _arguments.check_outer_optimizer(outer_optimizer, inner_optimizer, type(self))
         interval = _checks.integer("interval", interval, minimum=1)
         warmup_steps = _checks.integer("warmup_steps", warmup_steps, minimum=0)
         correction = _arguments.check_correction(correction)
-        if optimizer_state not in maths.OPTIMIZER_STATE_POLICIES:
-            raise ValueError(
-                "`optimizer_state` must be one of "
-                f"{', '.join(repr(p) for p in maths.OPTIMIZER_STATE_POLICIES)}. "
-                f"Received: optimizer_state={optimizer_state!r}"
-            )
+        compression = _arguments.check_compression(compression)
+        group_size = _arguments.check_group_size(group_size)
+        measure_drift = _checks.boolean("measure_drift", measure_drift)
+        overlap = _checks.boolean("overlap", overlap)
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(_compat.creation_strategy(self))
         _compat.install_model_hook()
@@ -221,28 +209,15 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._correction = correction
         self._optimizer_state = optimizer_state
         self._warmup_steps = warmup_steps
-        self._measure_drift = _checks.boolean("measure_drift", measure_drift)
-        if compression is not None and compression not in maths.COMPRESSIONS:
-            raise ValueError(
-                "`compression` must be None, "
-                f"{' or '.join(repr(c) for c in maths.COMPRESSIONS)}. "
-                f"Received: compression={compression!r}"
-            )
+        self._measure_drift = measure_drift
         self._compression = compression
-        if group_size is not None and group_size != "worker":
-            if isinstance(group_size, str):
-                raise ValueError(
-                    "`group_size` must be None, an integer >= 1 or "
-                    f"'worker'. Received: group_size={group_size!r}"
-                )
-            group_size = _checks.integer("group_size", group_size, minimum=1)
         self._group_size = group_size
         self._group = 1  # replicas per group, resolved when built
-        self._overlap = _checks.boolean("overlap", overlap)
+        self._overlap = overlap
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
         # Under several workers, the stop vote that every synchronization
-        # carries (see `_request_stop`); empty otherwise. Not a dependency of
+        # carries (see `Steering.vote_stop`); empty otherwise. Not a dependency of
         # the optimizer: checkpoints do not hold it.
         object.__setattr__(self, "_votes", ())
         self._attached = False
@@ -252,9 +227,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._stepped: dict[int, keras.Variable] = {}
         self._stepped_stale = False
         self._average_functions: dict[tuple[int, ...], object] = {}
-        # Per slot variable (by id), the constant it starts from, for
-        # optimizer_state="reset".
-        self._slot_starts: dict[int, float] = {}
         # Bound to the state when built (see `steering`).
         object.__setattr__(self, "_steering", Steering(_compat.creation_strategy(self)))
 
@@ -414,6 +386,58 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     @_compat.untracked_method
     def build(self, var_list):
         strategy = tf.distribute.get_strategy()
+        self._check_building_in(strategy)
+        self._group = _arguments.replicas_per_group(self._group_size, strategy)
+        n = strategy.num_replicas_in_sync
+        super().build(var_list)
+        _compat.build_tracked(self.inner_optimizer, var_list)
+        # Per slot variable (by id), the constant it starts from, for
+        # optimizer_state="reset", read before any variable of the wrapper.
+        slot_starts = {}
+        if self._optimizer_state == "reset" and n > 1:
+            slot_starts = _slots.constant_starts(self.inner_optimizer)
+        if self.outer_optimizer is not None:
+            _compat.build_tracked(self.outer_optimizer, var_list)
+        # The parts of the averaging path, chosen here once. Their variables
+        # are created in this order whatever the options: a checkpoint's
+        # variables are positional.
+        codec = self._build_period_and_codec(var_list)
+        self._build_counters()
+        self._build_schedule(n, codec)
+        self._build_votes(strategy)
+        # 1 while the inner optimizer's slots differ between replicas: a
+        # synchronous step must not start from them.
+        apart = self.add_variable((), dtype="int64", name="slots_apart")
+        policy = _slots.POLICIES[self._optimizer_state]
+        self._slots = (
+            policy(self.inner_optimizer, apart, slot_starts)
+            if policy is _slots.Reset
+            else policy(self.inner_optimizer, apart)
+        )
+        # The adaptive decision: the chosen interval (0 = none yet) and its times.
+        self._decided = self.add_variable((), dtype="int64", name="decided_interval")
+        self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
+        self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
+        self._steering.bind(
+            interval=self._interval_variable,
+            local_steps=self._local_steps,
+            averages=self._averages,
+            synchronous=self._synchronous,
+            iterations=self._iterations,
+            decision=(self._decided, self._decision_t_comp, self._decision_t_comm),
+            votes=self._votes,
+            carried=self._carried if self._overlap else None,
+            full_at=self._full_at if self._overlap else None,
+        )
+        self._build_corrections(var_list, n)
+        self._local_gradients = _updates.no_groups
+        if self._group > 1:
+            self._local_gradients = functools.partial(
+                _updates.group_means, group_size=self._group
+            )
+        self._link_replica_state()
+
+    def _check_building_in(self, strategy) -> None:
         wrapped = [(self.inner_optimizer, "inner_optimizer")]
         if self.outer_optimizer is not None:
             wrapped.append((self.outer_optimizer, "outer_optimizer"))
@@ -432,34 +456,32 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     "variables, possibly by another model. Pass a new, unused "
                     "optimizer instance to SkipCorrectionOptimizer."
                 )
-        self._group = _arguments.replicas_per_group(self._group_size, strategy)
-        n = strategy.num_replicas_in_sync
-        super().build(var_list)
-        _compat.build_tracked(self.inner_optimizer, var_list)
-        if self._optimizer_state == "reset" and n > 1:
-            self._slot_starts = _slots.constant_starts(self.inner_optimizer)
-        if self.outer_optimizer is not None:
-            _compat.build_tracked(self.outer_optimizer, var_list)
-        # Variables are created in this order whatever the options: a
-        # checkpoint's variables are positional.
+
+    def _build_period_and_codec(self, var_list):
+        """Where a period started (if a part needs it), the codec and the
+        outer step."""
         self._period = _outer.NoPeriodStart()
         if self.outer_optimizer is not None or self._compression:
             # The weights when the current period began (identical on all
             # replicas).
             self._starts = self.add_optimizer_variables(var_list, "period_start")
             self._period = _outer.PeriodStart(self._own(self._starts))
+        codec = _codecs.Dense()
         if self._compression:
             # Per replica: what rounding to the wire type has not sent yet.
             self._errors = self.add_optimizer_variables(var_list, "unsent")
             codec = _codecs.Compressed(
                 self._compression, self._period.of, self._own(self._errors)
             )
-        else:
-            codec = _codecs.Dense()
         object.__setattr__(self, "_codec", codec)
         self._outer = _outer.NoOuterStep()
         if self.outer_optimizer is not None:
             self._outer = _outer.OuterStep(self.outer_optimizer, self._period)
+        return codec
+
+    def _build_counters(self) -> None:
+        """The interval, the learning rates' sum since the period began, the
+        counters, and the drift's telemetry."""
         self._interval_variable = self.add_variable(
             (),
             initializer=keras.initializers.Constant(self._initial_interval),
@@ -479,21 +501,25 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             self._drift = _drift.Drift(
                 self.add_variable((2,), dtype="float64", name="drift")
             )
+
+    def _build_schedule(self, n: int, codec) -> None:
+        """When a due average runs: after its step, or overlapping it."""
         self._schedule = _overlap.Sequential(self._local_steps, self._interval_variable)
-        if self._overlap:
-            # 1 while the weights hold the local step an overlapped average
-            # ran alongside, which no average has included yet.
-            self._carried = self.add_variable((), dtype="int64", name="carried_step")
-            # The step (iteration) whose due average must be a full one, as
-            # the host arranged it (an epoch's last step, an overridden
-            # interval's average), or -1.
-            self._full_at = self.add_variable(
-                (),
-                initializer=keras.initializers.Constant(-1),
-                dtype="int64",
-                name="full_average_step",
-            )
-        if self._overlap and n > 1:
+        if not self._overlap:
+            return
+        # 1 while the weights hold the local step an overlapped average ran
+        # alongside, which no average has included yet.
+        self._carried = self.add_variable((), dtype="int64", name="carried_step")
+        # The step (iteration) whose due average must be a full one, as the
+        # host arranged it (an epoch's last step, an overridden interval's
+        # average), or -1.
+        self._full_at = self.add_variable(
+            (),
+            initializer=keras.initializers.Constant(-1),
+            dtype="int64",
+            name="full_average_step",
+        )
+        if n > 1:
             self._schedule = _overlap.Overlapped(
                 self._local_steps,
                 self._interval_variable,
@@ -505,6 +531,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 payload=lambda: self._payload(include_slots=False),
             )
 
+    def _build_votes(self, strategy) -> None:
         if _compat.is_multi_worker(strategy):
             # Not an optimizer variable: not saved, and 0 outside a request.
             with strategy.scope():
@@ -516,45 +543,18 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 )
             object.__setattr__(self, "_votes", (vote,))
 
-        # 1 while the inner optimizer's slots differ between replicas: a
-        # synchronous step must not start from them.
-        apart = self.add_variable((), dtype="int64", name="slots_apart")
-        policy = _slots.POLICIES[self._optimizer_state]
-        self._slots = (
-            _slots.Reset(self.inner_optimizer, apart, self._slot_starts)
-            if policy is _slots.Reset
-            else policy(self.inner_optimizer, apart)
-        )
-        # The adaptive decision: the chosen interval (0 = none yet) and its times.
-        self._decided = self.add_variable((), dtype="int64", name="decided_interval")
-        self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
-        self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
-        self._steering.bind(
-            interval=self._interval_variable,
-            local_steps=self._local_steps,
-            averages=self._averages,
-            synchronous=self._synchronous,
-            iterations=self._iterations,
-            decision=(self._decided, self._decision_t_comp, self._decision_t_comm),
-            votes=self._votes,
-            carried=self._carried if self._overlap else None,
-            full_at=self._full_at if self._overlap else None,
-        )
-
+    def _build_corrections(self, var_list, n: int) -> None:
         self._correct = _updates.no_correction
-        if self._correction:
-            self._corrections = self.add_optimizer_variables(var_list, "correction")
-            if n > 1:
-                self._correct = _updates.add_corrections
-        else:
+        if not self._correction:
             self._corrections = [None] * len(var_list)
-        self._local_gradients = _updates.no_groups
-        if self._group > 1:
-            self._local_gradients = functools.partial(
-                _updates.group_means, group_size=self._group
-            )
-        # tf.train.Checkpoint saves replica 0's copy of a mirrored variable;
-        # a child of each per-replica variable carries every replica's copy.
+            return
+        self._corrections = self.add_optimizer_variables(var_list, "correction")
+        if n > 1:
+            self._correct = _updates.add_corrections
+
+    def _link_replica_state(self) -> None:
+        """tf.train.Checkpoint saves replica 0's copy of a mirrored variable;
+        a child of each per-replica variable carries every replica's copy."""
         per_replica = {id(c.value): c for c in self._corrections if c is not None}
         if self._compression:
             per_replica.update({id(e.value): e for e in self._errors})
@@ -653,66 +653,65 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def _distributed_step(self, distribution, sync_grads, local_grads, variables, lr):
         # Runs in cross-replica context: a `tf.cond` whose branches
         # communicate must live here, never in replica context.
-        n = distribution.num_replicas_in_sync
-        extended = distribution.extended
-        inner = self.inner_optimizer
-        tf_variables = [_tf_variable(v) for v in variables]
-
-        def synchronous_step():
-            self._average_if_pending(distribution, include_slots=True)
-            grads = sync_grads
-            if n > 1:
-                votes = [
-                    (extended.call_for_each_replica(v.read_value), v)
-                    for v in self._votes
-                ]
-                grads = extended.batch_reduce_to(
-                    tf.distribute.ReduceOp.SUM,
-                    list(zip(sync_grads, tf_variables, strict=True)) + votes,
-                )
-                for v, total in zip(
-                    self._votes, grads[len(tf_variables) :], strict=True
-                ):
-                    extended.update(v, _updates.assign, args=(total / n,), group=False)
-                grads = grads[: len(tf_variables)]
-            _compat.optimizer_step(inner, distribution, grads, variables, lr)
-            self._synchronous.value.assign_add(1)
-            if n > 1:
-                self._bytes.value.assign_add(_updates.bytes(tf_variables))
-            return tf.constant(False)
-
-        def local_step():
-            self._period.record_if_first(
-                distribution, tf_variables, self._schedule.first_of_period()
-            )
-            sent = self._schedule.before_step(distribution)
-            grads = self._local_gradients(distribution, local_grads)
-            _compat.optimizer_step(inner, distribution, grads, variables, lr)
-            self._correct(
-                distribution,
-                tf_variables,
-                [_tf_variable(c) for c in self._own_corrections(tf_variables)],
-                lr,
-            )
-            extended.update(
-                self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
-            )
-            local_steps = self._local_steps.value.assign_add(1)
-            if n > 1:
-                self._slots.after_local_step(self._slots.slots())
-            return self._schedule.after_step(
-                sent,
-                local_steps,
-                lambda: self._average(distribution),
-                lambda sent: self._average_overlapped(distribution, sent, lr),
-            )
-
         is_synchronous = tf.logical_or(
             self._interval_variable.value <= 1,
             self._iterations.value < self._warmup_steps,
         )
         return tf.cond(
-            is_synchronous, synchronous_step, local_step, name="synchronous_step"
+            is_synchronous,
+            lambda: self._synchronous_step(distribution, sync_grads, variables, lr),
+            lambda: self._local_step(distribution, local_grads, variables, lr),
+            name="synchronous_step",
+        )
+
+    def _synchronous_step(self, distribution, grads, variables, lr):
+        """All-reduces the gradients (and any stop vote) and takes the inner
+        optimizer's step on their mean, after averaging whatever differs
+        between the replicas. Returns False: no interval average."""
+        self._average_if_pending(distribution, include_slots=True)
+        n = distribution.num_replicas_in_sync
+        extended = distribution.extended
+        tf_variables = [_tf_variable(v) for v in variables]
+        if n > 1:
+            votes = [
+                (extended.call_for_each_replica(v.read_value), v) for v in self._votes
+            ]
+            grads = extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM,
+                list(zip(grads, tf_variables, strict=True)) + votes,
+            )
+            for v, total in zip(self._votes, grads[len(tf_variables) :], strict=True):
+                extended.update(v, _updates.assign, args=(total / n,), group=False)
+            grads = grads[: len(tf_variables)]
+        _compat.optimizer_step(self.inner_optimizer, distribution, grads, variables, lr)
+        self._synchronous.value.assign_add(1)
+        if n > 1:
+            self._bytes.value.assign_add(_updates.bytes(tf_variables))
+        return tf.constant(False)
+
+    def _local_step(self, distribution, grads, variables, lr):
+        """Each replica's own step (`grads`: its unscaled gradients) plus its
+        correction; then the average, if one is due. Returns whether one ran."""
+        tf_variables = [_tf_variable(v) for v in variables]
+        self._period.record_if_first(
+            distribution, tf_variables, self._schedule.first_of_period()
+        )
+        sent = self._schedule.before_step(distribution)
+        grads = self._local_gradients(distribution, grads)
+        _compat.optimizer_step(self.inner_optimizer, distribution, grads, variables, lr)
+        corrections = [_tf_variable(c) for c in self._own_corrections(tf_variables)]
+        self._correct(distribution, tf_variables, corrections, lr)
+        distribution.extended.update(
+            self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
+        )
+        local_steps = self._local_steps.value.assign_add(1)
+        if distribution.num_replicas_in_sync > 1:
+            self._slots.after_local_step(self._slots.slots())
+        return self._schedule.after_step(
+            sent,
+            local_steps,
+            lambda: self._average(distribution),
+            lambda sent: self._average_overlapped(distribution, sent, lr),
         )
 
     # ------------------------------------------------------------------

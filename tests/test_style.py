@@ -41,3 +41,15 @@ def test_readme_has_exactly_two_set_up_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert readme_commands()[1] in ci.splitlines()
+
+
+def test_every_module_of_the_package_has_its_row_on_the_architecture_page():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    rows = "\n".join(line for line in page.splitlines() if line.startswith("| `"))
+    modules = [
+        p.name
+        for p in (ROOT / "keras_skip").glob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    ]
+    missing = [m for m in modules if f"`{m}`" not in rows]
+    assert not missing, f"docs/architecture.md's module table lacks {missing}"
