@@ -17,6 +17,77 @@ import numpy as np
 import tensorflow as tf
 
 from keras_skip import _compat
+from keras_skip.steering import tf_variable
+
+#: The key, in a Keras weights store, of every replica's copies of the
+#: optimizer's variable at `index`.
+REPLICAS_KEY = "{index}@replicas"
+
+
+def per_replica(variables, corrections, slots) -> list[tuple[int, object, bool]]:
+    """``(index in variables, tf variable, is_correction)`` for the state
+    that differs between replicas: `corrections` (restarted from zero on
+    another number of replicas) and `slots` (restarted from their mean)."""
+    corrections = {id(tf_variable(c)) for c in corrections}
+    differ = corrections | {id(tf_variable(s)) for s in slots}
+    state = []
+    for i, v in enumerate(variables):
+        variable = tf_variable(v)
+        if id(variable) in differ:
+            state.append((i, variable, id(variable) in corrections))
+    return state
+
+
+def save(store, variables, state, value_of) -> None:
+    """Writes the optimizer's `variables` into a Keras weights store
+    (`value_of(v)`: the value to save), and every replica's copies of the
+    `state` that differs between them."""
+    for i, v in enumerate(variables):
+        store[str(i)] = value_of(v)
+    for i, variable, _ in state:
+        store[REPLICAS_KEY.format(index=i)] = read(variable)
+
+
+def load(store, variables, state, name: str) -> None:
+    """Reads what `save` wrote. A store of another configuration (another
+    number of variables) is refused with a ValueError naming optimizer
+    `name`; state saved on another number of replicas restarts (see
+    `write`)."""
+    # Keras' weight stores support keys() but neither `in` nor iteration.
+    keys = set(store.keys())
+    saved = sum(1 for k in keys if k.isdigit())
+    if saved == 0:
+        return  # saved before the optimizer was built: nothing to restore
+    if saved != len(variables):
+        raise ValueError(
+            f"Cannot load the state of SkipCorrectionOptimizer '{name}': "
+            f"it has {len(variables)} variables but the file holds {saved}. "
+            "Was it saved with another inner or outer optimizer, other "
+            "options that keep state (`correction` on or off, "
+            "`compression`, `overlap`, `measure_drift`), or before the "
+            "optimizer was built? Load it into a SkipCorrectionOptimizer "
+            "configured as the one that saved it."
+        )
+    for i, v in enumerate(variables):
+        v.assign(store[str(i)])
+    for i, variable, is_correction in state:
+        key = REPLICAS_KEY.format(index=i)
+        stacked = store[key] if key in keys else np.asarray(store[str(i)])[None]
+        write(variable, stacked, is_correction)
+
+
+def link(state, owners) -> None:
+    """Makes `tf.train.Checkpoint` save every replica's copies too: it saves
+    replica 0's copy of a mirrored variable, so a child of each per-replica
+    variable carries them all. `owners`: the variables that may own that
+    child (Keras or tf variables), among which each of `state`'s is found."""
+    by_id = {id(tf_variable(o)): o for o in owners}
+    for _, variable, is_correction in state:
+        _compat.add_checkpoint_dependency(
+            by_id[id(variable)],
+            ReplicaValues(variable, is_correction),
+            "keras_skip_replicas",
+        )
 
 
 def components(variable) -> list:

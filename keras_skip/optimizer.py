@@ -28,8 +28,6 @@ from keras_skip.steering import write as _set
 
 _compat.check_versions()
 
-_REPLICAS_KEY = "{index}@replicas"
-
 
 @keras.saving.register_keras_serializable(package="keras_skip")
 class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
@@ -553,20 +551,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             self._correct = _updates.add_corrections
 
     def _link_replica_state(self) -> None:
-        """tf.train.Checkpoint saves replica 0's copy of a mirrored variable;
-        a child of each per-replica variable carries every replica's copy."""
-        per_replica = {id(c.value): c for c in self._corrections if c is not None}
+        owners = [c for c in self._corrections if c is not None]
         if self._compression:
-            per_replica.update({id(e.value): e for e in self._errors})
-        per_replica.update(
-            {id(_tf_variable(v)): v for v in self.inner_optimizer.variables}
+            owners += self._errors
+        _replica_state.link(
+            self._per_replica_state(), owners + self.inner_optimizer.variables
         )
-        for _, variable, is_correction in self._per_replica_state():
-            _compat.add_checkpoint_dependency(
-                per_replica[id(variable)],
-                _replica_state.ReplicaValues(variable, is_correction),
-                "keras_skip_replicas",
-            )
 
     def attach(self, model: keras.Model) -> None:
         """Binds this optimizer to the model it trains.
@@ -862,32 +852,28 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     # ------------------------------------------------------------------
 
     def _per_replica_state(self) -> list[tuple[int, object, bool]]:
-        """``(index in self.variables, tf variable, is_correction)`` for the
-        state that differs between replicas: corrections and float slots."""
-        corrections = {id(c.value) for c in self._corrections if c is not None}
+        """The state that differs between replicas (`_replica_state`):
+        corrections, what compression has not sent, the inner optimizer's
+        float slots."""
+        corrections = [c for c in self._corrections if c is not None]
         if self._compression:  # restart from zero on another replica count too
-            corrections |= {id(e.value) for e in self._errors}
-        per_replica = corrections | {id(v) for v in self._slots.slots()}
-        state = []
-        for i, v in enumerate(self.variables):
-            variable = _tf_variable(v)
-            if id(variable) in per_replica:
-                state.append((i, variable, id(variable) in corrections))
-        return state
+            corrections += self._errors
+        return _replica_state.per_replica(
+            self.variables, corrections, self._slots.slots()
+        )
 
     def save_own_variables(self, store):
         if not self.built:
             return  # no state yet: a model saved before training
-        for i, v in enumerate(self.variables):
-            if v is self._interval_variable and self._steering.held:
-                store[str(i)] = np.int64(self._steering.interval_outside_hold)
-            elif self._overlap and v is self._full_at:
-                store[str(i)] = np.int64(-1)  # set only for one execution
-            else:
-                store[str(i)] = v.numpy()
 
-        for i, variable, _ in self._per_replica_state():
-            store[_REPLICAS_KEY.format(index=i)] = _replica_state.read(variable)
+        def value_of(v):
+            if v is self._interval_variable and self._steering.held:
+                return np.int64(self._steering.interval_outside_hold)
+            if self._overlap and v is self._full_at:
+                return np.int64(-1)  # set only for one execution
+            return v.numpy()
+
+        _replica_state.save(store, self.variables, self._per_replica_state(), value_of)
 
     def load_own_variables(self, store):
         if not self.built:
@@ -900,28 +886,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 stacklevel=2,
             )
             return
-        variables = self.variables
-        # Keras' weight stores support keys() but neither `in` nor iteration.
-        keys = set(store.keys())
-        saved = sum(1 for k in keys if k.isdigit())
-        if saved == 0:
-            return  # saved before the optimizer was built: nothing to restore
-        if saved != len(variables):
-            raise ValueError(
-                f"Cannot load the state of SkipCorrectionOptimizer '{self.name}': "
-                f"it has {len(variables)} variables but the file holds {saved}. "
-                "Was it saved with another inner or outer optimizer, other "
-                "options that keep state (`correction` on or off, "
-                "`compression`, `overlap`, `measure_drift`), or before the "
-                "optimizer was built? Load it into a SkipCorrectionOptimizer "
-                "configured as the one that saved it."
-            )
-        for i, v in enumerate(variables):
-            v.assign(store[str(i)])
-        for i, variable, is_correction in self._per_replica_state():
-            key = _REPLICAS_KEY.format(index=i)
-            stacked = store[key] if key in keys else np.asarray(store[str(i)])[None]
-            _replica_state.write(variable, stacked, is_correction)
+        _replica_state.load(store, self.variables, self._per_replica_state(), self.name)
 
     # ------------------------------------------------------------------
     # Serialization.
