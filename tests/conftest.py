@@ -84,9 +84,13 @@ def keras_fixes_for_every_model():
     saved = (
         cls.__dict__["_make_function"],
         cls.__dict__["_maybe_symbolic_build"],
-        _compat._GLOBAL_FIXES,
+        _compat.originals._GLOBAL_FIXES,
     )
     try:
         yield _compat.apply_keras_fixes()
     finally:
-        cls._make_function, cls._maybe_symbolic_build, _compat._GLOBAL_FIXES = saved
+        (
+            cls._make_function,
+            cls._maybe_symbolic_build,
+            _compat.originals._GLOBAL_FIXES,
+        ) = saved

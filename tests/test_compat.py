@@ -2,7 +2,7 @@
 
 If one of the `*_still_*` tests fails after a Keras or TensorFlow upgrade,
 the upstream behaviour changed: re-check the workaround it guards and update
-keras_skip/_compat.py (and its CHECKED_* versions).
+keras_skip/_compat/ (and its CHECKED_* versions in versions.py).
 """
 
 import ast
@@ -167,14 +167,14 @@ def test_untested_versions_are_named():
     assert _compat.untested_versions(*checked) == []
     oldest = (_compat.OLDEST_KERAS, _compat.OLDEST_TENSORFLOW)
     assert _compat.untested_versions(*oldest) == []
-    major, minor = _compat._minor(_compat.CHECKED_KERAS)
+    major, minor = _compat.versions._minor(_compat.CHECKED_KERAS)
     # A patch release of a tested minor release is in the range.
     patch = f"{major}.{minor}.99"
     assert _compat.untested_versions(patch, _compat.CHECKED_TENSORFLOW) == []
     newer = f"{major}.{minor + 1}.0"
     [message] = _compat.untested_versions(newer, _compat.CHECKED_TENSORFLOW)
     assert message.startswith(f"Keras {newer} (tested: ")
-    major, minor = _compat._minor(_compat.OLDEST_TENSORFLOW)
+    major, minor = _compat.versions._minor(_compat.OLDEST_TENSORFLOW)
     older = f"{major}.{minor - 1}.0"
     [message] = _compat.untested_versions(_compat.CHECKED_KERAS, older)
     assert message.startswith(f"TensorFlow {older} (tested: ")
@@ -399,10 +399,10 @@ def test_a_built_model_builds_symbolically_without_a_batch():
     `_symbolic_build`, which then needs none."""
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
-    assert _compat._needs_data(model)
+    assert _compat.fixes._needs_data(model)
     x, y = np.ones((4, 2), "float32"), np.ones((4, 1), "float32")
     model.fit(x, y, epochs=1, verbose=0)
-    assert not _compat._needs_data(model)
+    assert not _compat.fixes._needs_data(model)
     model._symbolic_build(data_batch=None)  # no batch: nothing left to build
 
 
@@ -475,7 +475,7 @@ def _private_uses(path: pathlib.Path) -> list[str]:
 
 
 def test_private_apis_of_keras_and_tensorflow_are_used_in_compat_only():
-    sources = [p for p in PACKAGE.rglob("*.py") if p.name != "_compat.py"]
+    sources = [p for p in PACKAGE.rglob("*.py") if "_compat" not in p.parts]
     assert len(sources) > 20
     found = [use for path in sources for use in _private_uses(path)]
     assert found == [], "\n".join(found)
