@@ -14,7 +14,8 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from keras_skip import _checks, _compat
+from keras_skip import _checks
+from keras_skip._compat import collectives, originals
 
 
 def multi_worker_strategy(
@@ -57,7 +58,7 @@ def multi_worker_strategy(
     ```
     """
     peer_timeout = _checks.positive("peer_timeout", peer_timeout)
-    _compat.configure_peer_timeout(peer_timeout)
+    collectives.configure_peer_timeout(peer_timeout)
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=communication_options
     )
@@ -65,7 +66,7 @@ def multi_worker_strategy(
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
     """Number of worker processes taking part in `strategy`."""
-    if not _compat.is_multi_worker(strategy):
+    if not originals.is_multi_worker(strategy):
         return 1
     return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
 
