@@ -16,10 +16,14 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from keras_skip import _updates
+from keras_skip.steering import tf_variable
 
 
 class Dense:
     """Sends the weights themselves; the mean is the average."""
+
+    #: Per replica and trainable variable, what has not been sent yet.
+    errors: tuple = ()
 
     def wire_types(self, weights) -> list:
         """The types of the weights' part of a payload where they are not the
@@ -76,11 +80,13 @@ class Compressed(Dense):
         self,
         dtype: str,
         start_of: Callable[[tf.Variable], tf.Variable],
-        error_of: Callable[[tf.Variable], tf.Variable],
+        errors: list,
+        index_of: Callable[[tf.Variable], int],
     ):
         self.wire = tf.as_dtype(dtype)
+        self.errors = list(errors)
         self._start_of = start_of
-        self._error_of = error_of
+        self._error_of = lambda v: tf_variable(self.errors[index_of(v)])
 
     def wire_types(self, weights) -> list:
         return [self.wire] * len(weights)
@@ -137,3 +143,14 @@ class Compressed(Dense):
                 ),
                 group=False,
             )
+
+
+def build(compression, add_optimizer_variables, var_list, index_of, period):
+    """The codec for `compression` (None: `Dense`). `Compressed` keeps, per
+    replica, what rounding to the wire type has not sent yet, in variables
+    made with the optimizer's `add_optimizer_variables`; `period` gives the
+    period's start (a `PeriodStart`)."""
+    if compression is None:
+        return Dense()
+    errors = add_optimizer_variables(var_list, "unsent")
+    return Compressed(compression, period.of, errors, index_of)

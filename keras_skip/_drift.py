@@ -52,3 +52,12 @@ class Drift(NoDrift):
         drift = distribution.experimental_local_results(drift)[0]
         total = self.variable.value.read_value()[0]
         self.variable.value.assign(tf.stack([total + drift, drift]))
+
+
+def build(add_variable, measure_drift: bool) -> NoDrift:
+    """The part for `measure_drift`, its variable made with the optimizer's
+    `add_variable`."""
+    if not measure_drift:
+        return NoDrift()
+    # The sum of the drifts measured so far, and the last one.
+    return Drift(add_variable((2,), dtype="float64", name="drift"))

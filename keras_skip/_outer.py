@@ -21,6 +21,8 @@ from keras_skip.steering import tf_variable
 class NoPeriodStart:
     """Nothing to keep: no part reads where the period started."""
 
+    of = None
+
     def record_if_first(self, distribution, variables, first) -> None:
         pass
 
@@ -93,3 +95,19 @@ class OuterStep(NoOuterStep):
             return tf.constant(True)
 
         tf.cond(moved, step, lambda: tf.constant(False))
+
+
+def build_period_start(add_optimizer_variables, var_list, index_of, needed: bool):
+    """A `PeriodStart` with one variable per trainable variable, made with
+    the optimizer's `add_optimizer_variables` (`index_of`: a variable's index
+    among them), if `needed`; else `NoPeriodStart`."""
+    if not needed:
+        return NoPeriodStart()
+    # The weights when the current period began (identical on all replicas).
+    starts = add_optimizer_variables(var_list, "period_start")
+    return PeriodStart(lambda v: tf_variable(starts[index_of(v)]))
+
+
+def build_outer_step(outer, period) -> NoOuterStep:
+    """The outer optimizer's step, or none when `outer` is None."""
+    return NoOuterStep() if outer is None else OuterStep(outer, period)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import keras
 import tensorflow as tf
 
 from keras_skip import _updates
@@ -38,9 +39,17 @@ class Sequential:
     """A due average runs after the step. `local_steps` and `interval`: the
     optimizer's counter and interval variables."""
 
-    def __init__(self, local_steps, interval):
+    def __init__(self, local_steps, interval, carried=None, full_at=None):
+        # With `overlap`: the variables `Overlapped` describes, else None.
         self._local_steps = local_steps
         self._interval = interval
+        self.carried = carried
+        self.full_at = full_at
+
+    def carried_steps(self) -> int:
+        """The local steps the weights hold that no average has included, on
+        top of the counter (eagerly)."""
+        return 0 if self.carried is None else int(self.carried.numpy())
 
     def moved(self):
         """Whether the weights moved since the last average (a boolean tensor)."""
@@ -84,21 +93,19 @@ class Overlapped(Sequential):
         codec,
         payload: Callable[[], tuple[list, list, list]],
     ):
-        super().__init__(local_steps, interval)
-        self._carried = carried
-        self._full_at = full_at
+        super().__init__(local_steps, interval, carried, full_at)
         self._iterations = iterations
         self._gamma = gamma
         self._codec = codec
         self._payload = payload
 
     def moved(self):
-        return tf.logical_or(super().moved(), self._carried.value > 0)
+        return tf.logical_or(super().moved(), self.carried.value > 0)
 
     def first_of_period(self):
         # After an overlapped average the weights hold a local step: the
         # period's start was recorded by that average.
-        return tf.logical_and(super().first_of_period(), self._carried.value == 0)
+        return tf.logical_and(super().first_of_period(), self.carried.value == 0)
 
     def before_step(self, distribution) -> Sent:
         """Reads what an average would send (the values before the step)
@@ -108,7 +115,7 @@ class Overlapped(Sequential):
         the all-reduce while the step's forward and backward pass compute."""
         extended = distribution.extended
         due = self._local_steps.value + 1 >= self._interval.value
-        overlapped = tf.logical_and(due, self._iterations.value != self._full_at.value)
+        overlapped = tf.logical_and(due, self._iterations.value != self.full_at.value)
         moved = self.moved()
         gamma = tf.identity(self._gamma.value)
         weights, _, payload = self._payload()
@@ -140,4 +147,29 @@ class Overlapped(Sequential):
         )
 
     def after_average(self, overlapped: bool) -> None:
-        self._carried.value.assign(1 if overlapped else 0)
+        self.carried.value.assign(1 if overlapped else 0)
+
+
+def build(add_variable, overlap: bool, replicas: int, local_steps, interval, **parts):
+    """`Sequential`, or with `overlap` `Overlapped` on several replicas
+    (`parts`: its other arguments). The variables of overlap are made with
+    the optimizer's `add_variable` whatever the number of replicas (a
+    checkpoint's variables do not depend on it); on one replica nothing
+    overlaps and they stay at rest."""
+    if not overlap:
+        return Sequential(local_steps, interval)
+    # 1 while the weights hold the local step an overlapped average ran
+    # alongside, which no average has included yet.
+    carried = add_variable((), dtype="int64", name="carried_step")
+    # The step (iteration) whose due average must be a full one, as the host
+    # arranged it (an epoch's last step, an overridden interval's average),
+    # or -1.
+    full_at = add_variable(
+        (),
+        initializer=keras.initializers.Constant(-1),
+        dtype="int64",
+        name="full_average_step",
+    )
+    if replicas == 1:
+        return Sequential(local_steps, interval, carried, full_at)
+    return Overlapped(local_steps, interval, carried=carried, full_at=full_at, **parts)

@@ -87,7 +87,16 @@ class Reset(Local):
             self.apart.value.assign(0)
 
 
-POLICIES = {"local": Local, "average": Averaged, "reset": Reset}
+def build(optimizer_state: str, inner, add_variable, starts: dict[int, float]):
+    """The policy for `optimizer_state`, its variable made with the
+    optimizer's `add_variable`; `starts`: see `constant_starts` (used by
+    ``"reset"`` only)."""
+    # 1 while the slots differ between replicas: a synchronous step must not
+    # start from them.
+    apart = add_variable((), dtype="int64", name="slots_apart")
+    if optimizer_state == "reset":
+        return Reset(inner, apart, starts)
+    return {"local": Local, "average": Averaged}[optimizer_state](inner, apart)
 
 
 def constant_starts(inner) -> dict[int, float]:

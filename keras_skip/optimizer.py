@@ -321,8 +321,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         average has included it yet."""
         if not self.built:
             return 0
-        carried = int(self._carried.numpy()) if self._overlap else 0
-        return int(self._local_steps.numpy()) + carried
+        return int(self._local_steps.numpy()) + self._schedule.carried_steps()
 
     @property
     def interval_decision(self):
@@ -399,18 +398,38 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # The parts of the averaging path, chosen here once. Their variables
         # are created in this order whatever the options: a checkpoint's
         # variables are positional.
-        codec = self._build_period_and_codec(var_list)
+        index_of = self._get_variable_index
+        self._period = _outer.build_period_start(
+            self.add_optimizer_variables,
+            var_list,
+            index_of,
+            needed=self.outer_optimizer is not None or self._compression is not None,
+        )
+        codec = _codecs.build(
+            self._compression,
+            self.add_optimizer_variables,
+            var_list,
+            index_of,
+            self._period,
+        )
+        object.__setattr__(self, "_codec", codec)
+        self._outer = _outer.build_outer_step(self.outer_optimizer, self._period)
         self._build_counters()
-        self._build_schedule(n, codec)
+        self._drift = _drift.build(self.add_variable, self._measure_drift)
+        self._schedule = _overlap.build(
+            self.add_variable,
+            self._overlap,
+            n,
+            self._local_steps,
+            self._interval_variable,
+            iterations=self._iterations,
+            gamma=self._gamma,
+            codec=codec,
+            payload=lambda: self._payload(include_slots=False),
+        )
         self._build_votes(strategy)
-        # 1 while the inner optimizer's slots differ between replicas: a
-        # synchronous step must not start from them.
-        apart = self.add_variable((), dtype="int64", name="slots_apart")
-        policy = _slots.POLICIES[self._optimizer_state]
-        self._slots = (
-            policy(self.inner_optimizer, apart, slot_starts)
-            if policy is _slots.Reset
-            else policy(self.inner_optimizer, apart)
+        self._slots = _slots.build(
+            self._optimizer_state, self.inner_optimizer, self.add_variable, slot_starts
         )
         # The adaptive decision: the chosen interval (0 = none yet) and its times.
         self._decided = self.add_variable((), dtype="int64", name="decided_interval")
@@ -424,8 +443,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             iterations=self._iterations,
             decision=(self._decided, self._decision_t_comp, self._decision_t_comm),
             votes=self._votes,
-            carried=self._carried if self._overlap else None,
-            full_at=self._full_at if self._overlap else None,
+            carried=self._schedule.carried,
+            full_at=self._schedule.full_at,
         )
         self._build_corrections(var_list, n)
         self._local_gradients = _updates.no_groups
@@ -455,31 +474,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     "optimizer instance to SkipCorrectionOptimizer."
                 )
 
-    def _build_period_and_codec(self, var_list):
-        """Where a period started (if a part needs it), the codec and the
-        outer step."""
-        self._period = _outer.NoPeriodStart()
-        if self.outer_optimizer is not None or self._compression:
-            # The weights when the current period began (identical on all
-            # replicas).
-            self._starts = self.add_optimizer_variables(var_list, "period_start")
-            self._period = _outer.PeriodStart(self._own(self._starts))
-        codec = _codecs.Dense()
-        if self._compression:
-            # Per replica: what rounding to the wire type has not sent yet.
-            self._errors = self.add_optimizer_variables(var_list, "unsent")
-            codec = _codecs.Compressed(
-                self._compression, self._period.of, self._own(self._errors)
-            )
-        object.__setattr__(self, "_codec", codec)
-        self._outer = _outer.NoOuterStep()
-        if self.outer_optimizer is not None:
-            self._outer = _outer.OuterStep(self.outer_optimizer, self._period)
-        return codec
-
     def _build_counters(self) -> None:
-        """The interval, the learning rates' sum since the period began, the
-        counters, and the drift's telemetry."""
+        """The interval, the learning rates' sum since the period began, and
+        the counters."""
         self._interval_variable = self.add_variable(
             (),
             initializer=keras.initializers.Constant(self._initial_interval),
@@ -493,41 +490,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             (), dtype="int64", name="synchronous_steps"
         )
         self._bytes = self.add_variable((), dtype="int64", name="bytes_sent")
-        self._drift = _drift.NoDrift()
-        if self._measure_drift:
-            # The sum of the drifts measured so far, and the last one.
-            self._drift = _drift.Drift(
-                self.add_variable((2,), dtype="float64", name="drift")
-            )
-
-    def _build_schedule(self, n: int, codec) -> None:
-        """When a due average runs: after its step, or overlapping it."""
-        self._schedule = _overlap.Sequential(self._local_steps, self._interval_variable)
-        if not self._overlap:
-            return
-        # 1 while the weights hold the local step an overlapped average ran
-        # alongside, which no average has included yet.
-        self._carried = self.add_variable((), dtype="int64", name="carried_step")
-        # The step (iteration) whose due average must be a full one, as the
-        # host arranged it (an epoch's last step, an overridden interval's
-        # average), or -1.
-        self._full_at = self.add_variable(
-            (),
-            initializer=keras.initializers.Constant(-1),
-            dtype="int64",
-            name="full_average_step",
-        )
-        if n > 1:
-            self._schedule = _overlap.Overlapped(
-                self._local_steps,
-                self._interval_variable,
-                carried=self._carried,
-                full_at=self._full_at,
-                iterations=self._iterations,
-                gamma=self._gamma,
-                codec=codec,
-                payload=lambda: self._payload(include_slots=False),
-            )
 
     def _build_votes(self, strategy) -> None:
         if _compat.is_multi_worker(strategy):
@@ -552,8 +514,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     def _link_replica_state(self) -> None:
         owners = [c for c in self._corrections if c is not None]
-        if self._compression:
-            owners += self._errors
+        owners += self._codec.errors
         _replica_state.link(
             self._per_replica_state(), owners + self.inner_optimizer.variables
         )
@@ -856,8 +817,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         corrections, what compression has not sent, the inner optimizer's
         float slots."""
         corrections = [c for c in self._corrections if c is not None]
-        if self._compression:  # restart from zero on another replica count too
-            corrections += self._errors
+        # What compression has not sent restarts from zero on another number
+        # of replicas too.
+        corrections += self._codec.errors
         return _replica_state.per_replica(
             self.variables, corrections, self._slots.slots()
         )
@@ -869,7 +831,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         def value_of(v):
             if v is self._interval_variable and self._steering.held:
                 return np.int64(self._steering.interval_outside_hold)
-            if self._overlap and v is self._full_at:
+            if v is self._schedule.full_at:
                 return np.int64(-1)  # set only for one execution
             return v.numpy()
 

@@ -25,7 +25,7 @@ def model_state(optimizer) -> list:
 
 def unsent(optimizer) -> list:
     """Per replica and variable: what compression has not sent yet."""
-    return list(optimizer._errors)
+    return list(optimizer._codec.errors)
 
 
 def gamma(optimizer) -> float:
@@ -40,7 +40,7 @@ def interval_variable(optimizer):
 
 def full_average_step(optimizer) -> int:
     """With overlap: the step whose due average is forced full, or -1."""
-    return int(optimizer._full_at.numpy())
+    return int(optimizer._schedule.full_at.numpy())
 
 
 def separate_average_functions(optimizer) -> dict:
