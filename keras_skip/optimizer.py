@@ -435,6 +435,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._decided = self.add_variable((), dtype="int64", name="decided_interval")
         self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
         self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
+        self._bind_steering()
+        self._build_corrections(var_list, n)
+        self._local_gradients = _updates.no_groups
+        if self._group > 1:
+            self._local_gradients = functools.partial(
+                _updates.group_means, group_size=self._group
+            )
+        self._link_replica_state()
+
+    def _bind_steering(self) -> None:
         self._steering.bind(
             interval=self._interval_variable,
             local_steps=self._local_steps,
@@ -446,13 +456,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             carried=self._schedule.carried,
             full_at=self._schedule.full_at,
         )
-        self._build_corrections(var_list, n)
-        self._local_gradients = _updates.no_groups
-        if self._group > 1:
-            self._local_gradients = functools.partial(
-                _updates.group_means, group_size=self._group
-            )
-        self._link_replica_state()
 
     def _check_building_in(self, strategy) -> None:
         wrapped = [(self.inner_optimizer, "inner_optimizer")]
