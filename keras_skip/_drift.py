@@ -46,9 +46,9 @@ class Drift(NoDrift):
 
         extended = distribution.extended
         drift = extended.call_for_each_replica(own_drift, args=(means, values))
-        drift = extended.batch_reduce_to(tf.distribute.ReduceOp.MEAN, [(drift, drift)])[
-            0
-        ]
+        (drift,) = extended.batch_reduce_to(
+            tf.distribute.ReduceOp.MEAN, [(drift, drift)]
+        )
         drift = distribution.experimental_local_results(drift)[0]
         total = self.variable.value.read_value()[0]
         self.variable.value.assign(tf.stack([total + drift, drift]))

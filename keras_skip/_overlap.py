@@ -40,9 +40,10 @@ class Sequential:
     optimizer's counter and interval variables."""
 
     def __init__(self, local_steps, interval, carried=None, full_at=None):
-        # With `overlap`: the variables `Overlapped` describes, else None.
         self._local_steps = local_steps
         self._interval = interval
+        # With `overlap` (on one replica they stay at rest): the variables
+        # `Overlapped` describes; else None.
         self.carried = carried
         self.full_at = full_at
 
