@@ -22,8 +22,9 @@ from keras_skip._version import __version__
 if TYPE_CHECKING:  # for type checkers and the API reference; loaded lazily
     from keras_skip._compat import apply_keras_fixes
     from keras_skip.adaptive import choose_interval
+    from keras_skip.adaptive_callback import AdaptiveIntervalCallback
     from keras_skip.backup import BackupAndRestore
-    from keras_skip.callbacks import AdaptiveIntervalCallback, SkipCorrectionCallback
+    from keras_skip.callbacks import SkipCorrectionCallback
     from keras_skip.multi_worker import multi_worker_strategy
     from keras_skip.optimizer import SkipCorrectionOptimizer
 
@@ -32,7 +33,7 @@ _environment.check()
 _LAZY = {
     "SkipCorrectionOptimizer": "keras_skip.optimizer",
     "SkipCorrectionCallback": "keras_skip.callbacks",
-    "AdaptiveIntervalCallback": "keras_skip.callbacks",
+    "AdaptiveIntervalCallback": "keras_skip.adaptive_callback",
     "BackupAndRestore": "keras_skip.backup",
     "multi_worker_strategy": "keras_skip.multi_worker",
     "apply_keras_fixes": "keras_skip._compat",

@@ -122,6 +122,14 @@ def check_wrapped_optimizer(
 ) -> None:
     """Refuses what cannot be wrapped by `wrapper` (SkipCorrectionOptimizer)
     as `label`, saying why and what to pass instead."""
+    _check_optimizer_kind(inner, wrapper, label)
+    _check_update_hooks(inner, label)
+    _check_options(inner, label)
+
+
+def _check_optimizer_kind(inner, wrapper: type, label: str) -> None:
+    """Refuses what is not a plain Keras optimizer: a SkipCorrectionOptimizer,
+    anything else than a `keras.optimizers.Optimizer`, a LossScaleOptimizer."""
     if isinstance(inner, wrapper):
         raise ValueError(
             f"`{label}` is already a SkipCorrectionOptimizer; wrapping "
@@ -143,6 +151,11 @@ def check_wrapped_optimizer(
             ", which `model.compile` does itself under mixed_float16)."
             f" Received: {label}={inner!r}"
         )
+
+
+def _check_update_hooks(inner, label: str) -> None:
+    """Refuses an optimizer whose update would not run: one that overrides a
+    method SkipCorrectionOptimizer replaces, or has no `update_step`."""
     implements_update = (
         type(inner).update_step is not keras.optimizers.Optimizer.update_step
     )
@@ -163,6 +176,11 @@ def check_wrapped_optimizer(
             f"`apply` instead (such as {type(inner).__name__}) cannot be "
             "wrapped."
         )
+
+
+def _check_options(inner, label: str) -> None:
+    """Refuses the base options that cannot work with local steps:
+    gradient accumulation and a moving average of the weights."""
     if inner.gradient_accumulation_steps:
         raise ValueError(
             f"SkipCorrectionOptimizer does not support an `{label}` with "
@@ -193,6 +211,44 @@ BASE_ARGUMENTS = (
     "loss_scale_factor",
     "gradient_accumulation_steps",
 )
+
+
+def check_building_in(wrapper, inner, outer, strategy) -> None:
+    """The optimizers are built where they were created, and the wrapped
+    ones are new."""
+    wrapped = [(inner, "inner_optimizer")]
+    if outer is not None:
+        wrapped.append((outer, "outer_optimizer"))
+    for owner, label in [(wrapper, "SkipCorrectionOptimizer"), *wrapped]:
+        if _compat.creation_strategy(owner) is not strategy:
+            raise ValueError(
+                f"The {label} was created outside the distribution "
+                "strategy it is built in. Create the model, the inner "
+                "optimizer and the SkipCorrectionOptimizer inside "
+                "`strategy.scope()`."
+            )
+    for owner, label in wrapped:
+        if owner.built:
+            raise ValueError(
+                f"The {label.replace('_', ' ')} has already been built on "
+                "variables, possibly by another model. Pass a new, unused "
+                "optimizer instance to SkipCorrectionOptimizer."
+            )
+
+
+def not_attached(replicas: int) -> RuntimeError:
+    """The error of a step on several replicas without the callback."""
+    return RuntimeError(
+        f"SkipCorrectionOptimizer is training on {replicas} replicas but no "
+        "keras_skip.SkipCorrectionCallback is in use. Pass it to fit: "
+        "`model.fit(..., callbacks=[keras_skip.SkipCorrectionCallback()])` "
+        "(AdaptiveIntervalCallback includes it). It averages the "
+        "replicas at each epoch boundary, so that validation, "
+        "checkpoints and the model after fit see the averaged model. "
+        "In a custom training loop, call `optimizer.attach(model)` "
+        "once before training and `optimizer.average()` before "
+        "evaluating or saving."
+    )
 
 
 def reject_base_arguments(kwargs) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_skip import _compat, _updates
+from keras_skip import _compat
 from keras_skip.steering import first_copy, tf_variable
 
 
@@ -27,7 +27,7 @@ def slot_variables(inner) -> list[tf.Variable]:
     return [
         tf_variable(v)
         for v in inner.variables
-        if id(v) not in skip and _updates.is_float(v)
+        if id(v) not in skip and _compat.is_float(v)
     ]
 
 

@@ -89,11 +89,6 @@ def no_correction(distribution, variables, corrections, lr) -> None:
     """No correction (``correction=0``, or one replica): nothing to add."""
 
 
-def is_float(v) -> bool:
-
-    return tf.as_dtype(v.dtype).is_floating
-
-
 def scale(gradient, factor):
     if isinstance(gradient, tf.IndexedSlices):
         return tf.IndexedSlices(

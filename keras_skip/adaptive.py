@@ -239,9 +239,8 @@ def choose_interval(
     ``steps`` is 1); the steps are real training. Fewer or more raise a
     ValueError, decide nothing and give the optimizer back the interval it
     had before the call (any exception in ``run_local_steps`` does the
-    same). If the
-    optimizer already holds a decision (restored from a checkpoint), it is
-    returned and nothing runs.
+    same). If the optimizer already holds a decision (restored from a
+    checkpoint), it is returned and nothing runs.
 
     Example:
 
@@ -270,6 +269,15 @@ def choose_interval(
             f"warmup_steps={optimizer.warmup_steps} synchronous steps."
         )
     probe = IntervalProbe(optimizer, steps, target_ratio, max_interval)
+    return _run_probe(probe, run_local_steps, steps)
+
+
+def _run_probe(
+    probe: IntervalProbe, run_local_steps: Callable[[], object], steps: int
+) -> IntervalDecision:
+    """Runs `probe`'s rounds with `run_local_steps` until it decides. A round
+    that did not end as set up raises a ValueError; on any exception the
+    probe gives the optimizer back its interval."""
     try:
         while probe.decision is None:
             probe.start()

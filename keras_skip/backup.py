@@ -73,6 +73,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         )
         self._directory: pathlib.Path | None = None
 
+    @property
+    def worker_directory(self) -> pathlib.Path | None:
+        """This worker's own backup directory (`backup_dir`, or its
+        `worker-<i>` subdirectory under several workers), known once
+        training has begun; None before."""
+        return self._directory
+
     def _worker_directory(self) -> pathlib.Path:
         strategy = self.model.distribute_strategy
         root = pathlib.Path(self.backup_dir)

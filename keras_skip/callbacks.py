@@ -1,11 +1,12 @@
-"""Callbacks that connect `SkipCorrectionOptimizer` to `model.fit`."""
+"""`SkipCorrectionCallback`: connects `SkipCorrectionOptimizer` to `model.fit`."""
 
 from __future__ import annotations
 
 import keras
 import numpy as np
 
-from keras_skip import _checks, _compat, _version, adaptive, multi_worker
+from keras_skip import _checks, _compat, _version, multi_worker
+from keras_skip._stop_agreement import StopAgreement
 from keras_skip.optimizer import SkipCorrectionOptimizer
 
 
@@ -73,7 +74,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         self._optimizer: SkipCorrectionOptimizer | None = None
         self._counters = (0, 0, 0.0)
         self._overridden = False
-        self._agreement: _StopAgreement | None = None
+        self._agreement: StopAgreement | None = None
         self._callback_list = None
 
     @property
@@ -124,7 +125,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                     "list of `model.fit` (pass it in `fit(callbacks=[...])`): "
                     "with several workers it makes them agree on stopping."
                 )
-            self._agreement = _StopAgreement(optimizer)
+            self._agreement = StopAgreement(optimizer)
             self._agreement.set_model(self.model)
             callbacks.callbacks.append(self._agreement)
             self._callback_list = callbacks
@@ -231,259 +232,11 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         self._optimizer = None
 
 
-class _StopAgreement(keras.callbacks.Callback):
-    """With several workers, makes every worker stop training at the same step.
+def __getattr__(name: str):
+    # AdaptiveIntervalCallback lives in keras_skip.adaptive_callback, which
+    # imports this module; it stays importable from here.
+    if name == "AdaptiveIntervalCallback":
+        from keras_skip.adaptive_callback import AdaptiveIntervalCallback
 
-    Each worker's callbacks see that worker's own batch logs, so a callback
-    may set `model.stop_training` on one worker only (`TerminateOnNaN`
-    seeing a NaN there); a worker leaving the loop alone would leave the
-    others waiting in their next average. This callback runs last: it takes
-    the request back and casts this worker's vote, which the next
-    synchronization (an average, or a synchronous step) carries to every
-    worker with no extra message. Every worker then sees the same votes after
-    the same execution of the train function and stops there. At an epoch's
-    end, where callbacks such as `EarlyStopping` decide, one all-reduce of a
-    few bytes settles the votes at once.
-    """
-
-    def __init__(self, optimizer):
-        super().__init__()
-        self._optimizer = optimizer
-        self._voted_at: int | None = None
-        self._agreed = False
-
-    def on_train_batch_end(self, batch, logs=None):
-        steering = self._optimizer.steering
-        if self._agreed:
-            self.model.stop_training = True
-            return
-        if self.model.stop_training:
-            self.model.stop_training = False
-            if self._voted_at is None:
-                steering.vote_stop()
-                self._voted_at = steering.counters().synchronizations
-        if steering.stop_votes() > 0 and (
-            self._voted_at is None
-            or steering.counters().synchronizations > self._voted_at
-        ):
-            self._agreed = self.model.stop_training = True
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self._agreed:
-            self.model.stop_training = True
-            return
-        wants = self.model.stop_training or self._voted_at is not None
-        votes = multi_worker.sum_over_workers(
-            self._optimizer.steering.strategy, [1.0 if wants else 0.0]
-        )
-        self._agreed = self.model.stop_training = bool(votes[0] > 0)
-
-    def finish(self) -> None:
-        """Clears this worker's vote, for a later `fit`."""
-        self._optimizer.steering.vote_stop(False)
-        self._voted_at = None
-        self._agreed = False
-
-
-class AdaptiveIntervalCallback(SkipCorrectionCallback):
-    """Chooses the interval once, from the timing of the first steady-state step.
-
-    Training starts at interval 1 (synchronous). After the first execution of
-    the train function (which traces it) and any warm-up, the callback sets
-    the interval for three rounds of the same local steps, timed from the
-    host: the first ends with an average and takes the one-time work of the
-    first local steps and average; the second takes no average and gives
-    `t_comp`, one local step with no communication; the third ends with an
-    average, and what it takes beyond the second gives `t_comm`, one average
-    of the exact payload an average sends. With several workers one small
-    all-reduce gives every worker everyone's times; all take the maximum of
-    each and set
-
-        interval = clip(round(t_comm / (target_ratio * t_comp)), 1, max_interval)
-
-    so that per epoch the time spent communicating is about `target_ratio`
-    times the time spent computing. The interval then stays fixed: no more
-    probes, statistics or tuning collectives. The train function holds no
-    code for the probe. The decision is saved with the optimizer, so a run
-    resumed from a checkpoint or `BackupAndRestore` keeps it instead of
-    probing again. It is written into the logs of every epoch (`interval`,
-    `t_comp`, `t_comm` in seconds, so `History` has it) and printed when
-    `verbose`.
-
-    A round is one execution of the train function, or two when
-    `steps_per_execution` is 1 (an interval of one step is synchronous), so
-    the decision comes after 3 executions, or 6. An epoch boundary inside a
-    round, or an execution cut short by the end of an epoch, breaks it and it
-    runs again; if epochs are too short for a round, the callback warns and
-    keeps interval 1. The chosen interval need not be a multiple of
-    `steps_per_execution`: averages happen inside the train function every
-    `interval` local steps, wherever the execution boundaries fall.
-
-    It includes everything `SkipCorrectionCallback` does; pass only this one.
-
-    Args:
-        target_ratio: Float > 0, default 1.0. Wanted ratio of communication
-            time to computation time per epoch; smaller values choose larger
-            intervals.
-        max_interval: Integer >= 1, default 64. Upper bound of the interval.
-        verbose: 0 or 1 (default): print the decision.
-
-    Attributes:
-        decision: The decision in force, an `IntervalDecision` (interval,
-            `t_comp`, `t_comm`), once known; None before.
-        probes: Probes this callback ran: 1, or 0 when a decision restored
-            from a checkpoint was kept.
-        restarts: Rounds the probe ran again because an epoch boundary
-            broke them.
-        overhead_seconds: Seconds spent choosing the interval beyond
-            training itself.
-        collectives: Collectives the choice added (one small all-reduce
-            with several workers, none with one).
-        bytes_sent: Bytes per replica the choice put into collectives.
-
-    Example:
-
-    ```python
-    import keras
-    import numpy as np
-    import keras_skip
-
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(
-        optimizer=keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05)),
-        loss="mse",
-    )
-    x = np.random.rand(256, 4).astype("float32")
-    history = model.fit(x, x.sum(axis=1), epochs=2, verbose=0,
-                        callbacks=[keras_skip.AdaptiveIntervalCallback()])
-    print(history.history["interval"])
-    ```
-    """
-
-    def __init__(
-        self, target_ratio: float = 1.0, max_interval: int = 64, verbose: int = 1
-    ):
-        super().__init__()
-        self.target_ratio = _checks.positive("target_ratio", target_ratio)
-        self.max_interval = _checks.integer("max_interval", max_interval, minimum=1)
-        self.verbose = verbose
-        self.decision: adaptive.IntervalDecision | None = None
-        self.probes = 0
-        self.restarts = 0
-        self.overhead_seconds = 0.0
-        self.collectives = 0
-        self.bytes_sent = 0
-        self._probe: adaptive.IntervalProbe | None = None
-        self._probing = False
-        self._gave_up = False
-        self._executions = 0
-
-    def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
-        optimizer = self._optimizer
-        self._executions = 0
-        self._probe = None
-        self._probing = False
-        self._gave_up = False
-        self.decision = optimizer.interval_decision
-        if self.decision is None:
-            optimizer.interval = 1
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start_probe_call()
-        super().on_train_batch_begin(batch, logs)
-
-    def _check_overlap(self) -> None:
-        if self.decision is not None:  # else the interval is not chosen yet
-            super()._check_overlap()
-
-    def _start_probe_call(self):
-        if self.decision is not None or self._executions == 0 or self._gave_up:
-            return
-        optimizer = self._optimizer
-        if self._probe is None:
-            # BackupAndRestore may have restored a decision after on_train_begin.
-            self.decision = optimizer.interval_decision
-            if self.decision is not None:
-                return
-            if int(optimizer.iterations.numpy()) < optimizer.warmup_steps:
-                return
-            # Created now: without a strategy, Keras builds the optimizer
-            # during the first step.
-            self._probe = adaptive.IntervalProbe(
-                optimizer,
-                self.model.steps_per_execution,
-                self.target_ratio,
-                self.max_interval,
-            )
-        self._probing = True
-        self._probe.start()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._executions += 1
-        if self._probing:
-            self._probing = False
-            probe = self._probe
-            self.decision = probe.finish()
-            if self.decision is not None:
-                self._finish_probe()
-                self._check_overlap()
-                if self.verbose:
-                    self._print_decision()
-            elif probe.restarts > self.MAX_RESTARTS:
-                self._give_up()
-        super().on_train_batch_end(batch, logs)
-
-    #: Rounds the probe may run again (each epoch boundary inside one is a
-    #: restart) before the callback gives up and keeps interval 1.
-    MAX_RESTARTS = 8
-
-    def _finish_probe(self):
-        probe = self._probe
-        self.probes += 1
-        self.restarts += probe.restarts
-        self.overhead_seconds += probe.overhead_seconds
-        self.collectives += probe.collectives
-        self.bytes_sent += probe.bytes_sent
-        self._probe = None
-
-    def _give_up(self):
-        probe = self._probe
-        probe.cancel()
-        self._finish_probe()
-        self._gave_up = True
-        _checks.warn_at_caller(
-            "AdaptiveIntervalCallback could not time three undisturbed rounds "
-            f"of {probe.round_steps} local steps: epoch boundaries or short "
-            f"executions broke {probe.restarts} of them. It keeps interval 1 "
-            "for this run and decides nothing. Use epochs of more steps, or "
-            "set the interval yourself."
-        )
-
-    def on_epoch_begin(self, epoch, logs=None):
-        super().on_epoch_begin(epoch, logs)
-        if self._probe is not None:
-            self._probe.interrupt()  # the epoch boundary averaged
-            if self._probe.restarts > self.MAX_RESTARTS:
-                self._give_up()
-
-    def on_train_end(self, logs=None):
-        if self._probe is not None:
-            self._probe.cancel()
-            self._probe = None
-        super().on_train_end(logs)
-
-    def _print_decision(self):
-        d = self.decision
-        capped = " (max_interval)" if d.interval == self.max_interval else ""
-        print(
-            f"AdaptiveIntervalCallback: t_comp {d.t_comp * 1e3:.2f} ms, "
-            f"t_comm {d.t_comm * 1e3:.2f} ms (maximum over workers), "
-            f"target_ratio {self.target_ratio:g} -> interval {d.interval}{capped}"
-        )
-
-    def on_epoch_end(self, epoch, logs=None):
-        super().on_epoch_end(epoch, logs)
-        if logs is not None and self.decision is not None:
-            logs["t_comp"] = self.decision.t_comp
-            logs["t_comm"] = self.decision.t_comm
+        return AdaptiveIntervalCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
-from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -12,6 +10,7 @@ import tensorflow as tf
 
 from keras_skip import (
     _arguments,
+    _averager,
     _checks,
     _codecs,
     _compat,
@@ -20,10 +19,9 @@ from keras_skip import (
     _overlap,
     _replica_state,
     _slots,
-    _updates,
+    _step,
 )
 from keras_skip.steering import Steering
-from keras_skip.steering import tf_variable as _tf_variable
 from keras_skip.steering import write as _set
 
 _compat.check_versions()
@@ -383,7 +381,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     @_compat.untracked_method
     def build(self, var_list):
         strategy = tf.distribute.get_strategy()
-        self._check_building_in(strategy)
+        _arguments.check_building_in(
+            self, self.inner_optimizer, self.outer_optimizer, strategy
+        )
         self._group = _arguments.replicas_per_group(self._group_size, strategy)
         n = strategy.num_replicas_in_sync
         super().build(var_list)
@@ -425,7 +425,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             iterations=self._iterations,
             gamma=self._gamma,
             codec=codec,
-            payload=lambda: self._payload(include_slots=False),
+            payload=lambda: self._averager.payload(include_slots=False),
         )
         self._build_votes(strategy)
         self._slots = _slots.build(
@@ -436,13 +436,52 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
         self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
         self._bind_steering()
-        self._build_corrections(var_list, n)
-        self._local_gradients = _updates.no_groups
-        if self._group > 1:
-            self._local_gradients = functools.partial(
-                _updates.group_means, group_size=self._group
-            )
+        self._corrections = [None] * len(var_list)
+        if self._correction:
+            self._corrections = self.add_optimizer_variables(var_list, "correction")
+        self._bind_step(corrected=bool(self._correction) and n > 1)
         self._link_replica_state()
+
+    def _bind_step(self, corrected: bool) -> None:
+        """The average and the step, from the parts and variables built
+        (`corrected`: local steps add the corrections)."""
+        averager = _averager.Averager(
+            correction=self._correction,
+            corrections=self._corrections,
+            index_of=self._get_variable_index,
+            stepped=self._stepped_variables,
+            model_state=lambda: self._model_state,
+            votes=self._votes,
+            period=self._period,
+            codec=self._codec,
+            outer=self._outer,
+            drift=self._drift,
+            schedule=self._schedule,
+            slots=self._slots,
+            gamma=self._gamma,
+            bytes_sent=self._bytes,
+            local_steps=self._local_steps,
+            averages=self._averages,
+        )
+        step = _step.Step(
+            inner=self.inner_optimizer,
+            averager=averager,
+            warmup_steps=self._warmup_steps,
+            votes=self._votes,
+            period=self._period,
+            schedule=self._schedule,
+            slots=self._slots,
+            group=self._group,
+            corrected=corrected,
+            interval=self._interval_variable,
+            iterations=self._iterations,
+            local_steps=self._local_steps,
+            gamma=self._gamma,
+            synchronous=self._synchronous,
+            bytes_sent=self._bytes,
+        )
+        object.__setattr__(self, "_averager", averager)
+        object.__setattr__(self, "_step", step)
 
     def _bind_steering(self) -> None:
         self._steering.bind(
@@ -456,26 +495,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             carried=self._schedule.carried,
             full_at=self._schedule.full_at,
         )
-
-    def _check_building_in(self, strategy) -> None:
-        wrapped = [(self.inner_optimizer, "inner_optimizer")]
-        if self.outer_optimizer is not None:
-            wrapped.append((self.outer_optimizer, "outer_optimizer"))
-        for owner, label in [(self, "SkipCorrectionOptimizer"), *wrapped]:
-            if _compat.creation_strategy(owner) is not strategy:
-                raise ValueError(
-                    f"The {label} was created outside the distribution "
-                    "strategy it is built in. Create the model, the inner "
-                    "optimizer and the SkipCorrectionOptimizer inside "
-                    "`strategy.scope()`."
-                )
-        for owner, label in wrapped:
-            if owner.built:
-                raise ValueError(
-                    f"The {label.replace('_', ' ')} has already been built on "
-                    "variables, possibly by another model. Pass a new, unused "
-                    "optimizer instance to SkipCorrectionOptimizer."
-                )
 
     def _build_counters(self) -> None:
         """The interval, the learning rates' sum since the period began, and
@@ -505,15 +524,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                     aggregation=tf.VariableAggregation.NONE,
                 )
             object.__setattr__(self, "_votes", (vote,))
-
-    def _build_corrections(self, var_list, n: int) -> None:
-        self._correct = _updates.no_correction
-        if not self._correction:
-            self._corrections = [None] * len(var_list)
-            return
-        self._corrections = self.add_optimizer_variables(var_list, "correction")
-        if n > 1:
-            self._correct = _updates.add_corrections
 
     def _link_replica_state(self) -> None:
         owners = [c for c in self._corrections if c is not None]
@@ -558,32 +568,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             )
         n = tf.distribute.get_strategy().num_replicas_in_sync
         if n > 1 and not self._attached:
-            raise RuntimeError(
-                f"SkipCorrectionOptimizer is training on {n} replicas but no "
-                "keras_skip.SkipCorrectionCallback is in use. Pass it to fit: "
-                "`model.fit(..., callbacks=[keras_skip.SkipCorrectionCallback()])` "
-                "(AdaptiveIntervalCallback includes it). It averages the "
-                "replicas at each epoch boundary, so that validation, "
-                "checkpoints and the model after fit see the averaged model. "
-                "In a custom training loop, call `optimizer.attach(model)` "
-                "once before training and `optimizer.average()` before "
-                "evaluating or saving."
-            )
+            raise _arguments.not_attached(n)
         variables = list(trainable_variables)
         self._note_stepped(variables)
         inner = self.inner_optimizer
-        if inner.loss_scale_factor is not None:
-            grads = [g / inner.loss_scale_factor for g in grads]
-        # Keras scales each replica's loss by 1/n so that a SUM all-reduce is
-        # a mean; a local step uses the replica's own, unscaled gradient.
-        sync_grads = _compat.clip_gradients(inner, grads)
-        local_grads = (
-            _compat.clip_gradients(inner, [_updates.scale(g, n) for g in grads])
-            if n > 1
-            else sync_grads
-        )
+        sync_grads, local_grads = _step.gradients(inner, grads, n)
         replica_context.merge_call(
-            lambda distribution, sync_grads, local_grads, lr: self._distributed_step(
+            lambda distribution, sync_grads, local_grads, lr: self._step(
                 distribution, sync_grads, local_grads, variables, lr
             ),
             args=(sync_grads, local_grads, inner.learning_rate),
@@ -604,171 +595,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             return list(self._trainable_variables)
         return sorted(self._stepped.values(), key=self._get_variable_index)
 
-    def _distributed_step(self, distribution, sync_grads, local_grads, variables, lr):
-        # Runs in cross-replica context: a `tf.cond` whose branches
-        # communicate must live here, never in replica context.
-        is_synchronous = tf.logical_or(
-            self._interval_variable.value <= 1,
-            self._iterations.value < self._warmup_steps,
-        )
-        return tf.cond(
-            is_synchronous,
-            lambda: self._synchronous_step(distribution, sync_grads, variables, lr),
-            lambda: self._local_step(distribution, local_grads, variables, lr),
-            name="synchronous_step",
-        )
-
-    def _synchronous_step(self, distribution, grads, variables, lr):
-        """All-reduces the gradients (and any stop vote) and takes the inner
-        optimizer's step on their mean, after averaging whatever differs
-        between the replicas. Returns False: no interval average."""
-        self._average_if_pending(distribution, include_slots=True)
-        n = distribution.num_replicas_in_sync
-        extended = distribution.extended
-        tf_variables = [_tf_variable(v) for v in variables]
-        if n > 1:
-            votes = [
-                (extended.call_for_each_replica(v.read_value), v) for v in self._votes
-            ]
-            grads = extended.batch_reduce_to(
-                tf.distribute.ReduceOp.SUM,
-                list(zip(grads, tf_variables, strict=True)) + votes,
-            )
-            for v, total in zip(self._votes, grads[len(tf_variables) :], strict=True):
-                extended.update(v, _updates.assign, args=(total / n,), group=False)
-            grads = grads[: len(tf_variables)]
-        _compat.optimizer_step(self.inner_optimizer, distribution, grads, variables, lr)
-        self._synchronous.value.assign_add(1)
-        if n > 1:
-            self._bytes.value.assign_add(_updates.bytes(tf_variables))
-        return tf.constant(False)
-
-    def _local_step(self, distribution, grads, variables, lr):
-        """Each replica's own step (`grads`: its unscaled gradients) plus its
-        correction; then the average, if one is due. Returns whether one ran."""
-        tf_variables = [_tf_variable(v) for v in variables]
-        self._period.record_if_first(
-            distribution, tf_variables, self._schedule.first_of_period()
-        )
-        sent = self._schedule.before_step(distribution)
-        grads = self._local_gradients(distribution, grads)
-        _compat.optimizer_step(self.inner_optimizer, distribution, grads, variables, lr)
-        corrections = [_tf_variable(c) for c in self._own_corrections(tf_variables)]
-        self._correct(distribution, tf_variables, corrections, lr)
-        distribution.extended.update(
-            self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
-        )
-        local_steps = self._local_steps.value.assign_add(1)
-        if distribution.num_replicas_in_sync > 1:
-            self._slots.after_local_step(self._slots.slots())
-        return self._schedule.after_step(
-            sent,
-            local_steps,
-            lambda: self._average(distribution),
-            lambda sent: self._average_overlapped(distribution, sent, lr),
-        )
-
-    # ------------------------------------------------------------------
-    # Averages.
-    # ------------------------------------------------------------------
-
-    def _own(self, variables) -> Callable[[tf.Variable], tf.Variable]:
-        """A trainable variable's own variable among `variables` (one per
-        trainable variable, such as its correction)."""
-        return lambda v: _tf_variable(variables[self._get_variable_index(v)])
-
-    def _own_corrections(self, variables) -> list:
-        return [self._corrections[self._get_variable_index(v)] for v in variables]
-
-    def _payload(self, include_slots: bool):
-        """``(weights, slots, payload)``: what an average sends is the
-        payload, the trainable weights first."""
-        weights = [_tf_variable(v) for v in self._stepped_variables()]
-        slots = self._slots.slots()
-        sent = self._slots.sent(slots, include_slots)
-        return weights, slots, weights + self._model_state + list(self._votes) + sent
-
-    def _average(self, distribution, include_slots=False):
-        """Averages the replicas (cross-replica context); returns True."""
-        moved = self._schedule.moved()
-        if distribution.num_replicas_in_sync > 1:
-            weights, slots, payload = self._payload(include_slots)
-            rest = payload[len(weights) :]
-            per_replica = self._codec.send(distribution, weights, rest, moved)
-            means = self._codec.reduce(distribution, weights, rest, per_replica)
-            self._assign_means(distribution, payload, weights, means, moved)
-            self._slots.after_average(slots, include_slots, overlapped=False)
-        self._outer.after_average(distribution, moved, self._stepped_variables())
-        self._gamma.value.assign(0.0)
-        self._schedule.after_average(overlapped=False)
-        return self._count_average()
-
-    def _average_overlapped(self, distribution, sent, lr):
-        """The average of the snapshots `sent` carries (whose all-reduce
-        started before the step), applied after the step: each replica keeps
-        its step's displacement on top, and the correction is updated on the
-        snapshot (``maths.overlapped_average``). Returns True."""
-        extended = distribution.extended
-        weights, slots, payload = self._payload(include_slots=False)
-        displacements = extended.call_for_each_replica(
-            lambda snapshot: [
-                tf.identity(v) - s for v, s in zip(payload, snapshot, strict=True)
-            ],
-            args=(sent.snapshot,),
-        )
-        own = sent.snapshot[: len(weights)]
-        self._assign_means(
-            distribution, payload, weights, sent.means, sent.moved, own, sent.gamma
-        )
-        self._slots.after_average(slots, include_slots=False, overlapped=True)
-        self._outer.after_average(distribution, sent.moved, self._stepped_variables())
-        # The next period starts from the (outer) average.
-        self._period.record(distribution, weights)
-        for v, d in zip(payload, displacements, strict=True):
-            extended.update(v, _updates.add, args=(d,), group=False)
-        extended.update(
-            self._gamma.value, _updates.assign_learning_rate, args=(lr,), group=False
-        )
-        self._schedule.after_average(overlapped=True)
-        return self._count_average()
-
-    def _assign_means(
-        self, distribution, payload, weights, means, moved, own=None, gamma=None
-    ) -> None:
-        """Every replica's payload to the means, the weights through the codec
-        (corrections by ``correction / gamma * (average - x_i)``); the drift
-        measured before. `own`: the weights that were sent (a snapshot), if
-        not the variables'; `gamma`: the learning rates' sum they were taken
-        at, if not the current one."""
-        codec = self._codec
-        gamma = self._gamma.value if gamma is None else gamma
-        scale = tf.math.divide_no_nan(tf.constant(self._correction, tf.float32), gamma)
-        rest = payload[len(weights) :]
-        self._bytes.value.assign_add(codec.bytes(weights, rest))
-        self._drift.record(
-            distribution, codec, weights, means[: len(weights)], moved, own
-        )
-        corrections = [_tf_variable(c) for c in self._own_corrections(weights)]
-        codec.assign(distribution, weights, means, corrections, scale, moved, own)
-        for v, mean in zip(rest, means[len(weights) :], strict=True):
-            distribution.extended.update(v, _updates.assign, args=(mean,), group=False)
-
-    def _count_average(self):
-        self._local_steps.value.assign(0)
-        self._averages.value.assign_add(1)
-        return tf.constant(True)
-
-    def _average_if_pending(self, distribution, include_slots=False):
-        pending = self._schedule.moved()
-        if include_slots:
-            pending = tf.logical_or(pending, self._slots.apart.value > 0)
-        return tf.cond(
-            pending,
-            lambda: self._average(distribution, include_slots),
-            lambda: tf.constant(False),
-            name="average_pending",
-        )
-
     def average(self) -> bool:
         """Takes a boundary average now, if any local step happened since the last.
 
@@ -782,10 +608,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             return False
         if tf.distribute.in_cross_replica_context():
             if not tf.executing_eagerly():
-                return self._average_if_pending(tf.distribute.get_strategy())
+                return self._averager.average_if_pending(tf.distribute.get_strategy())
         elif tf.distribute.has_strategy() or not tf.executing_eagerly():
             return tf.distribute.get_replica_context().merge_call(
-                self._average_if_pending
+                self._averager.average_if_pending
             )
         if self.local_steps_since_average == 0:
             return False
@@ -800,7 +626,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         function = self._average_functions.get(key)
         if function is None:
             function = tf.function(
-                lambda: self._average_if_pending(tf.distribute.get_strategy()),
+                lambda: self._averager.average_if_pending(tf.distribute.get_strategy()),
                 autograph=False,
             )
             function.get_concrete_function()

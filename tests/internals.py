@@ -46,3 +46,24 @@ def full_average_step(optimizer) -> int:
 def separate_average_functions(optimizer) -> dict:
     """The average functions traced outside the train function, by key."""
     return optimizer._average_functions
+
+
+def delay_averages(optimizer, seconds: float) -> None:
+    """Makes every average of the built `optimizer` sleep `seconds` first,
+    inside the train function: an injected delay in the communication path."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    averager = optimizer._averager
+    average = averager.average
+
+    def slow(distribution, include_slots=False):
+        sleep = tf.numpy_function(
+            lambda: time.sleep(seconds) or np.int64(0), [], tf.int64
+        )
+        with tf.control_dependencies([sleep]):
+            return average(distribution, include_slots)
+
+    averager.average = slow

@@ -182,12 +182,9 @@ class SlowAverage(keras_skip.SkipCorrectionOptimizer):
 
     delay = 0.3
 
-    def _average(self, distribution, include_slots=False):
-        sleep = tf.numpy_function(
-            lambda: time.sleep(self.delay) or np.int64(0), [], tf.int64
-        )
-        with tf.control_dependencies([sleep]):
-            return super()._average(distribution, include_slots)
+    def build(self, var_list):
+        super().build(var_list)
+        internals.delay_averages(self, self.delay)
 
 
 class Recorder(keras.callbacks.Callback):

@@ -109,7 +109,19 @@ def prepare_model(model: keras.Model) -> None:
     _keep_keras_originals()
     if originals._STOCK or getattr(model, "_keras_skip_prepared", False):
         return
-    fixes = {
+    # Plain attributes: Keras' and TensorFlow's tracking is not for methods.
+    for name, value in _model_fixes(model).items():
+        object.__setattr__(model, name, value)
+    if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        agree_on_finite_gradients(model.optimizer)
+    _remake_functions(model)
+
+
+def _model_fixes(model: keras.Model) -> dict[str, object]:
+    """The attributes :func:`prepare_model` sets on `model`: the fixes of
+    `MODEL_FIXES` bound to it, in that order, then the mark that it is
+    prepared."""
+    return {
         "_maybe_symbolic_build": types.MethodType(_maybe_symbolic_build, model),
         "_make_function": types.MethodType(_make_function, model),
         "_get_metrics_result_or_logs": types.MethodType(
@@ -118,11 +130,11 @@ def prepare_model(model: keras.Model) -> None:
         "reset_metrics": types.MethodType(_reset_metrics, model),
         "_keras_skip_prepared": True,
     }
-    # Plain attributes: Keras' and TensorFlow's tracking is not for methods.
-    for name, value in fixes.items():
-        object.__setattr__(model, name, value)
-    if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
-        agree_on_finite_gradients(model.optimizer)
+
+
+def _remake_functions(model: keras.Model) -> None:
+    """Makes again the train and test functions that Keras' own
+    ``_make_function`` made, so that they are the fixed ones."""
     if getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
     if getattr(model, "test_function", None) is not None:

@@ -124,17 +124,46 @@ def _make_function(self, step_function):
         steps_per_execution == 1 and not is_multi_worker(strategy)
     ):
         return _KERAS["_make_function"](self, step_function)
+    graphs = []
+    one_step_on_data = _one_step_function(
+        self, step_function, _logs_reduction(self), graphs
+    )
+    multi_step_on_iterator = _multi_step_function(self, one_step_on_data, graphs)
+
+    def function(iterator):
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            outputs = multi_step_on_iterator(iterator)
+            if not outputs.has_value():
+                raise StopIteration
+            return outputs.get_value()
+        outputs = None
+        for _, data in zip(range(steps_per_execution), iterator, strict=False):
+            outputs = one_step_on_data(data)
+        return outputs
+
+    #: The graphs of one step and of one execution, as traced (tests inspect
+    #: their collectives).
+    function.traced_graphs = graphs
+    return function
+
+
+def _logs_reduction(model):
+    """How the train and test functions reduce a step's logs over the
+    replicas: ``reduce_logs(values, strategy)``."""
     # A model compiled with SkipCorrectionOptimizer keeps each step's logs on
     # the worker: reducing them across workers would make every local step
     # wait for the slowest worker. The epoch's logs are global (see
     # `global_metrics_result`).
-    local = skip_optimizer(getattr(self, "optimizer", None)) is not None
-    reduce_logs = (
-        _local_logs
-        if local
-        else lambda values, strategy: _reduce_per_replica(values, strategy, "auto")
-    )
-    graphs = []
+    if skip_optimizer(getattr(model, "optimizer", None)) is not None:
+        return _local_logs
+    return lambda values, strategy: _reduce_per_replica(values, strategy, "auto")
+
+
+def _one_step_function(model, step_function, reduce_logs, graphs):
+    """One step on one batch on every replica, its logs reduced with
+    `reduce_logs`; a `tf.function` unless the model runs eagerly. Each graph
+    it is traced in is appended to `graphs`."""
+    strategy = model.distribute_strategy
 
     @tf.autograph.experimental.do_not_convert
     def one_step_on_data(data):
@@ -142,11 +171,21 @@ def _make_function(self, step_function):
         outputs = strategy.run(step_function, args=(data,))
         return reduce_logs(outputs, strategy)
 
-    if not self.run_eagerly:
+    if not model.run_eagerly:
         one_step_on_data = tf.function(
-            one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile
+            one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile
         )
-    one_step_on_data = self._autoconvert_optionals(one_step_on_data)
+    return model._autoconvert_optionals(one_step_on_data)
+
+
+def _multi_step_function(model, one_step_on_data, graphs):
+    """One execution: up to ``steps_per_execution`` calls of
+    `one_step_on_data` in a ``tf.while_loop`` that calls the step directly,
+    not inside a ``tf.cond``, and stops when the iterator runs out. Returns
+    the last step's logs as a ``tf.experimental.Optional``, empty when no
+    step ran; a `tf.function` unless the model runs eagerly. Each graph it is
+    traced in is appended to `graphs`."""
+    steps_per_execution = model.steps_per_execution
 
     @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):
@@ -182,23 +221,8 @@ def _make_function(self, step_function):
         outputs._element_spec = empty_outputs.element_spec
         return outputs
 
-    if not self.run_eagerly:
+    if not model.run_eagerly:
         multi_step_on_iterator = tf.function(
             multi_step_on_iterator, reduce_retracing=True
         )
-
-    def function(iterator):
-        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            outputs = multi_step_on_iterator(iterator)
-            if not outputs.has_value():
-                raise StopIteration
-            return outputs.get_value()
-        outputs = None
-        for _, data in zip(range(steps_per_execution), iterator, strict=False):
-            outputs = one_step_on_data(data)
-        return outputs
-
-    #: The graphs of one step and of one execution, as traced (tests inspect
-    #: their collectives).
-    function.traced_graphs = graphs
-    return function
+    return multi_step_on_iterator

@@ -34,14 +34,15 @@ def averaged_model_state(model: keras.Model) -> list[keras.Variable]:
         if not layer.trainable:
             continue
         for variable in layer._non_trainable_variables:
-            if id(variable) in seen or not _is_float(variable):
+            if id(variable) in seen or not is_float(variable):
                 continue
             seen.add(id(variable))
             state.append(variable)
     return state
 
 
-def _is_float(variable) -> bool:
+def is_float(variable) -> bool:
+    """Whether the variable holds floating-point values."""
     return tf.as_dtype(variable.dtype).is_floating
 
 

@@ -159,107 +159,155 @@ def launch(
         A :class:`LaunchResult` with every worker's exit code and log. Every
         process is ended when this returns or raises.
     """
+    cluster = _cluster_of(num_workers, hosts, cluster)
+    log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="keras-skip-workers-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workers = _Workers(num_workers, log_dir)
+    try:
+        for i in range(num_workers):
+            workers.start(i, command, cluster(i), env, threads_per_worker, wrap, chief)
+        timed_out = workers.wait(timeout, kill, on_progress)
+    finally:
+        workers.end()
+    return workers.result(timed_out, kill)
+
+
+def _cluster_of(
+    num_workers: int,
+    hosts: Sequence[str] | None,
+    cluster: Callable[[int], Sequence[str]] | None,
+) -> Callable[[int], Sequence[str]]:
+    """``cluster``, or one cluster that every worker sees: free ports on
+    ``hosts``, checked to name one host per worker."""
     hosts = list(hosts or ["127.0.0.1"] * num_workers)
     if len(hosts) != num_workers:
         raise ValueError(
             f"`hosts` must have {num_workers} entries. Received: {hosts!r}"
         )
-    if cluster is None:
-        ports = free_ports(num_workers)
-        addresses = [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
+    if cluster is not None:
+        return cluster
+    ports = free_ports(num_workers)
+    addresses = [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
+    return lambda i: addresses
 
-        def cluster(i):
-            return addresses
 
-    log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="keras-skip-workers-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    processes: list[subprocess.Popen] = []
-    logs = []
-    start = time.monotonic()
-    killed_at = None
-    exited_at: dict[int, float] = {}
-    offsets = [0] * num_workers
-    try:
-        for i in range(num_workers):
-            worker_env = {**os.environ, **(env or {})}
-            seen = list(cluster(i))
-            if len(seen) != num_workers:
-                raise ValueError(
-                    f"`cluster({i})` must return {num_workers} addresses. "
-                    f"Received: {seen!r}"
-                )
-            worker_env["TF_CONFIG"] = tf_config(seen, i, chief=chief)
-            worker_env["KERAS_SKIP_WORKER"] = str(i)
-            worker_env["PYTHONUNBUFFERED"] = "1"
-            worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            if threads_per_worker:
-                worker_env["TF_NUM_INTRAOP_THREADS"] = str(threads_per_worker)
-                worker_env["TF_NUM_INTEROP_THREADS"] = str(threads_per_worker)
-            log = open(log_dir / f"worker-{i}.log", "w")  # noqa: SIM115
-            logs.append(log)
-            prefix = list(wrap(i)) if wrap else []
-            processes.append(
-                subprocess.Popen(
-                    [*prefix, *command],
-                    env=worker_env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+class _Workers:
+    """The processes of one launch, their logs, and when each exited."""
+
+    def __init__(self, num_workers: int, log_dir: pathlib.Path):
+        self.num_workers = num_workers
+        self.log_dir = log_dir
+        self.processes: list[subprocess.Popen] = []
+        self.logs = []
+        self.start_time = time.monotonic()
+        self.killed_at: float | None = None
+        self.exited_at: dict[int, float] = {}
+        self.offsets = [0] * num_workers
+
+    def log_path(self, i: int) -> pathlib.Path:
+        return self.log_dir / f"worker-{i}.log"
+
+    def start(
+        self,
+        i: int,
+        command: Sequence[str],
+        addresses: Sequence[str],
+        env: dict[str, str] | None,
+        threads_per_worker: int | None,
+        wrap: Callable[[int], Sequence[str]] | None,
+        chief: bool,
+    ) -> None:
+        """Starts worker ``i`` in its own session, its output to its log."""
+        worker_env = {**os.environ, **(env or {})}
+        seen = list(addresses)
+        if len(seen) != self.num_workers:
+            raise ValueError(
+                f"`cluster({i})` must return {self.num_workers} addresses. "
+                f"Received: {seen!r}"
             )
-        timed_out = False
+        worker_env["TF_CONFIG"] = tf_config(seen, i, chief=chief)
+        worker_env["KERAS_SKIP_WORKER"] = str(i)
+        worker_env["PYTHONUNBUFFERED"] = "1"
+        worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if threads_per_worker:
+            worker_env["TF_NUM_INTRAOP_THREADS"] = str(threads_per_worker)
+            worker_env["TF_NUM_INTEROP_THREADS"] = str(threads_per_worker)
+        log = open(self.log_path(i), "w")  # noqa: SIM115
+        self.logs.append(log)
+        prefix = list(wrap(i)) if wrap else []
+        self.processes.append(
+            subprocess.Popen(
+                [*prefix, *command],
+                env=worker_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+
+    def wait(
+        self,
+        timeout: float,
+        kill: Kill | None,
+        on_progress: Callable[[int, str], None] | None,
+    ) -> bool:
+        """Polls until every worker has exited or ``timeout`` has passed
+        (then returns True), passing on new log lines and injecting ``kill``."""
         while True:
             time.sleep(0.1)
             if on_progress:
-                for i in range(num_workers):
-                    offsets[i] = _emit_new_lines(
-                        log_dir / f"worker-{i}.log", offsets[i], i, on_progress
+                for i in range(self.num_workers):
+                    self.offsets[i] = _emit_new_lines(
+                        self.log_path(i), self.offsets[i], i, on_progress
                     )
-            if (
-                kill is not None
-                and killed_at is None
-                and processes[kill.worker].poll() is None
-            ):
-                text = (log_dir / f"worker-{kill.worker}.log").read_text(
-                    errors="replace"
-                )
-                if kill.when is None or kill.when in text:
-                    time.sleep(kill.delay)
-                    _kill_group(processes[kill.worker])
-                    killed_at = time.monotonic() - start
-            for i, p in enumerate(processes):
-                if p.poll() is not None and i not in exited_at:
-                    exited_at[i] = time.monotonic() - start
+            if kill is not None and self.killed_at is None:
+                self._inject(kill)
+            for i, p in enumerate(self.processes):
+                if p.poll() is not None and i not in self.exited_at:
+                    self.exited_at[i] = time.monotonic() - self.start_time
             # Counted from `exited_at`, not polled again: a worker that exits
             # between the two would be left without its exit code.
-            if len(exited_at) == num_workers:
-                break
-            if time.monotonic() - start > timeout:
-                timed_out = True
-                break
-    finally:
-        for p in processes:
+            if len(self.exited_at) == self.num_workers:
+                return False
+            if time.monotonic() - self.start_time > timeout:
+                return True
+
+    def _inject(self, kill: Kill) -> None:
+        if self.processes[kill.worker].poll() is not None:
+            return
+        text = self.log_path(kill.worker).read_text(errors="replace")
+        if kill.when is None or kill.when in text:
+            time.sleep(kill.delay)
+            _kill_group(self.processes[kill.worker])
+            self.killed_at = time.monotonic() - self.start_time
+
+    def end(self) -> None:
+        """Ends every process started and closes the logs."""
+        for p in self.processes:
             _kill_group(p)
-        for p in processes:
+        for p in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=30)
-        for log in logs:
+        for log in self.logs:
             log.close()
-    return LaunchResult(
-        workers=[
-            WorkerResult(
-                i,
-                p.returncode if i in exited_at else None,
-                log_dir / f"worker-{i}.log",
-                killed=kill is not None and kill.worker == i and killed_at is not None,
-                seconds=exited_at.get(i),
-            )
-            for i, p in enumerate(processes)
-        ],
-        seconds=time.monotonic() - start,
-        timed_out=timed_out,
-        killed_at=killed_at,
-    )
+
+    def result(self, timed_out: bool, kill: Kill | None) -> LaunchResult:
+        killed = kill is not None and self.killed_at is not None
+        return LaunchResult(
+            workers=[
+                WorkerResult(
+                    i,
+                    p.returncode if i in self.exited_at else None,
+                    self.log_path(i),
+                    killed=killed and kill.worker == i,
+                    seconds=self.exited_at.get(i),
+                )
+                for i, p in enumerate(self.processes)
+            ],
+            seconds=time.monotonic() - self.start_time,
+            timed_out=timed_out,
+            killed_at=self.killed_at,
+        )
 
 
 def _kill_group(process: subprocess.Popen) -> None:

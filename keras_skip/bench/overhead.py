@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import time
+from typing import Any
 
 from keras_skip.bench import baselines, devices, workloads
 
@@ -47,19 +48,48 @@ def run(
     seed: int = 0,
     verbose: bool = True,
 ) -> list[OverheadRow]:
+    """Trains with each way of choosing the interval in turn and returns
+    one row each: the callback's, the AdaComm-style baseline's and grid
+    search's."""
     devices.configure_replicas(replicas)
-    import keras
-
-    import keras_skip
-
     (x, y), validation = workloads.load_mnist_subset(seed)
-    batch_size = batch_per_replica * replicas
+    setup = _Setup(
+        x, y, validation, batch_per_replica * replicas, epochs, replicas, hidden, seed
+    )
+    rows = []
+    for measure in (
+        lambda: _adaptive_row(setup, verbose),
+        lambda: _adacomm_row(setup),
+        lambda: _grid_search_row(setup, candidates, trial_steps),
+    ):
+        rows.append(measure())
+        if verbose:
+            print(f"{rows[-1].strategy}: {rows[-1]}", flush=True)
+    return rows
 
-    def make_model(interval: int):
-        strategy = devices.mirrored_strategy(replicas)
-        keras.utils.set_random_seed(seed)
+
+@dataclasses.dataclass
+class _Setup:
+    """The model and data every strategy trains on."""
+
+    x: Any
+    y: Any
+    validation: tuple
+    batch_size: int
+    epochs: int
+    replicas: int
+    hidden: tuple[int, ...]
+    seed: int
+
+    def model(self, interval: int):
+        import keras
+
+        import keras_skip
+
+        strategy = devices.mirrored_strategy(self.replicas)
+        keras.utils.set_random_seed(self.seed)
         with strategy.scope():
-            model = workloads.mlp(hidden)
+            model = workloads.mlp(self.hidden)
             model.compile(
                 optimizer=keras_skip.SkipCorrectionOptimizer(
                     keras.optimizers.SGD(0.05), interval=interval
@@ -69,44 +99,43 @@ def run(
             )
         return model
 
-    def train(model, callback):
+    def train(self, model, callback) -> tuple[float, float]:
+        """Wall time of the whole training and the last validation accuracy."""
         start = time.perf_counter()
         history = model.fit(
-            x,
-            y,
-            batch_size=batch_size,
-            epochs=epochs,
-            validation_data=validation,
+            self.x,
+            self.y,
+            batch_size=self.batch_size,
+            epochs=self.epochs,
+            validation_data=self.validation,
             verbose=0,
             callbacks=[callback],
         )
         return time.perf_counter() - start, float(history.history["val_accuracy"][-1])
 
-    rows = []
 
-    def record(
-        strategy, interval, choosing_seconds, counted, total, accuracy, tracing=None
-    ):
-        # `counted` has the collectives and bytes it spent on choosing.
-        rows.append(
-            OverheadRow(
-                strategy,
-                interval,
-                choosing_seconds,
-                counted.collectives,
-                counted.bytes_sent,
-                total,
-                accuracy,
-                tracing,
-            )
-        )
-        if verbose:
-            print(f"{strategy}: {rows[-1]}", flush=True)
+def _row(
+    strategy, interval, choosing_seconds, counted, total, accuracy, tracing=None
+) -> OverheadRow:
+    # `counted` has the collectives and bytes it spent on choosing.
+    return OverheadRow(
+        strategy,
+        interval,
+        choosing_seconds,
+        counted.collectives,
+        counted.bytes_sent,
+        total,
+        accuracy,
+        tracing,
+    )
+
+
+def _adaptive_row(setup: _Setup, verbose: bool) -> OverheadRow:
+    import keras_skip
 
     adaptive = keras_skip.AdaptiveIntervalCallback(verbose=int(verbose))
-    model = make_model(1)
-    seconds, accuracy = train(model, adaptive)
-    record(
+    seconds, accuracy = setup.train(setup.model(1), adaptive)
+    return _row(
         "AdaptiveIntervalCallback",
         str(adaptive.decision.interval),
         adaptive.overhead_seconds,
@@ -116,10 +145,12 @@ def run(
         0.0,  # the train function holds no code for the probe
     )
 
+
+def _adacomm_row(setup: _Setup) -> OverheadRow:
     adacomm = baselines.AdaCommCallback(initial_interval=8)
-    seconds, accuracy = train(make_model(8), adacomm)
+    seconds, accuracy = setup.train(setup.model(8), adacomm)
     chosen = sorted(set(adacomm.intervals)) or [8]
-    record(
+    return _row(
         "AdaComm-style (loss all-reduce per average)",
         f"{chosen[0]}-{chosen[-1]}" if len(chosen) > 1 else str(chosen[0]),
         adacomm.overhead_seconds,
@@ -129,18 +160,24 @@ def run(
         adacomm.tracing_seconds,
     )
 
+
+def _grid_search_row(
+    setup: _Setup, candidates: tuple[int, ...], trial_steps: int
+) -> OverheadRow:
+    import keras_skip
+
     search = baselines.grid_search_interval(
-        make_model,
-        x,
-        y,
-        batch_size=batch_size,
+        setup.model,
+        setup.x,
+        setup.y,
+        batch_size=setup.batch_size,
         candidates=candidates,
         trial_steps=trial_steps,
     )
-    seconds, accuracy = train(
-        make_model(search.interval), keras_skip.SkipCorrectionCallback()
+    seconds, accuracy = setup.train(
+        setup.model(search.interval), keras_skip.SkipCorrectionCallback()
     )
-    record(
+    return _row(
         f"grid search ({len(candidates)} trials of {trial_steps} steps)",
         str(search.interval),
         search.seconds,
@@ -148,7 +185,6 @@ def run(
         search.seconds + seconds,
         accuracy,
     )
-    return rows
 
 
 def format_table(rows: list[OverheadRow]) -> str:

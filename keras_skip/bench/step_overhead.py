@@ -41,52 +41,12 @@ def measure(
 ) -> dict:
     """Milliseconds per step of the bare and the wrapped optimizer, and the
     median, minimum and maximum of their per-round ratio."""
-    import keras
-    import tensorflow as tf
-
-    import keras_skip
-    from keras_skip.bench import workloads
-
-    (x, y), _ = workloads.load_mnist_subset(seed)
-    batch = 32
-    data = (
-        tf.data.Dataset.from_tensor_slices((x, y))
-        .batch(batch, drop_remainder=True)
-        .repeat()
-        .prefetch(4)
-    )
-
-    def model(wrapped: bool):
-        keras.utils.set_random_seed(seed)
-        m = workloads.mlp()
-        optimizer = keras.optimizers.SGD(0.05)
-        if wrapped:
-            optimizer = keras_skip.SkipCorrectionOptimizer(optimizer, interval=NEVER)
-        m.compile(
-            optimizer=optimizer,
-            loss=workloads.classification_loss(),
-            steps_per_execution=steps_per_execution,
-        )
-        return m
-
-    models = {"bare": model(False), "wrapped": model(True)}
-    seconds: dict[str, list[float]] = {name: [] for name in models}
-
-    cpu: dict[str, list[float]] = {name: [] for name in models}
-
-    def epoch(name: str) -> tuple[float, float]:
-        began, began_cpu = time.perf_counter(), time.process_time()
-        models[name].fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
-        return time.perf_counter() - began, time.process_time() - began_cpu
-
-    for name in models:
-        epoch(name)  # tracing
-    for r in range(rounds):
-        order = ("bare", "wrapped") if r % 2 == 0 else ("wrapped", "bare")
-        for name in order:
-            wall, used = epoch(name)
-            seconds[name].append(wall)
-            cpu[name].append(used)
+    data = _dataset(seed)
+    models = {
+        "bare": _model(False, steps_per_execution, seed),
+        "wrapped": _model(True, steps_per_execution, seed),
+    }
+    seconds, cpu = _interleaved_epochs(models, data, rounds, steps)
     ratios = sorted(
         w / b for w, b in zip(seconds["wrapped"], seconds["bare"], strict=True)
     )
@@ -107,6 +67,66 @@ def measure(
         "rounds": rounds,
         "steps": steps,
     }
+
+
+def _dataset(seed: int):
+    """The benchmark's training data in batches of 32, repeated."""
+    import tensorflow as tf
+
+    from keras_skip.bench import workloads
+
+    (x, y), _ = workloads.load_mnist_subset(seed)
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(32, drop_remainder=True)
+        .repeat()
+        .prefetch(4)
+    )
+
+
+def _model(wrapped: bool, steps_per_execution: int, seed: int):
+    """The benchmark MLP with SGD, bare or wrapped; the same initial weights
+    either way."""
+    import keras
+
+    import keras_skip
+    from keras_skip.bench import workloads
+
+    keras.utils.set_random_seed(seed)
+    m = workloads.mlp()
+    optimizer = keras.optimizers.SGD(0.05)
+    if wrapped:
+        optimizer = keras_skip.SkipCorrectionOptimizer(optimizer, interval=NEVER)
+    m.compile(
+        optimizer=optimizer,
+        loss=workloads.classification_loss(),
+        steps_per_execution=steps_per_execution,
+    )
+    return m
+
+
+def _interleaved_epochs(
+    models: dict, data, rounds: int, steps: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU seconds of each model's epochs, after an untimed one
+    each (tracing), the two models taking turns to go first."""
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    cpu: dict[str, list[float]] = {name: [] for name in models}
+
+    def epoch(name: str) -> tuple[float, float]:
+        began, began_cpu = time.perf_counter(), time.process_time()
+        models[name].fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+        return time.perf_counter() - began, time.process_time() - began_cpu
+
+    for name in models:
+        epoch(name)  # tracing
+    for r in range(rounds):
+        order = ("bare", "wrapped") if r % 2 == 0 else ("wrapped", "bare")
+        for name in order:
+            wall, used = epoch(name)
+            seconds[name].append(wall)
+            cpu[name].append(used)
+    return seconds, cpu
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -143,37 +143,12 @@ def main(argv=None) -> int:
     import numpy as np
 
     import keras_skip
-    from keras_skip import multi_worker
-    from keras_skip.bench import workloads
 
     keras_skip.apply_keras_fixes()
     method = config["method"]
-    if method == "solo":
-        # One of several independent processes: the same steps, no cluster.
-        cluster = json.loads(os.environ.pop("TF_CONFIG"))["cluster"]
-        workers = sum(len(tasks) for tasks in cluster.values())
-        import tensorflow as tf
-
-        strategy = tf.distribute.get_strategy()
-    else:
-        strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
-        workers = multi_worker.num_workers(strategy)
+    strategy, workers = _strategy(config)
     keras.utils.set_random_seed(config["seed"])
-    (x, y), (x_test, y_test) = workloads.load_mnist_subset(
-        config["seed"], label_sorted=config["workload"] == "mlp-noniid"
-    )
-    if config["workload"] == "cnn":
-        x, x_test = x.reshape(-1, 28, 28, 1), x_test.reshape(-1, 28, 28, 1)
-    local_replicas = (
-        strategy.num_replicas_in_sync
-        if method == "solo"
-        else strategy.num_replicas_in_sync // workers
-    )
-    batch = config["batch_per_worker"] * local_replicas
-    if config["workload"] == "mlp-noniid":
-        order = non_iid_order(len(x), workers, batch, config["epochs"], config["seed"])
-        x, y = x[order], y[order]
-    global_batch = batch * workers
+    (x, y), validation, batch = _load_data(config, strategy, workers)
     model, callbacks = build(config, strategy)
     optimizer = model.optimizer
     if method == "nocomm":
@@ -184,52 +159,76 @@ def main(argv=None) -> int:
 
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     records = []
+    data, steps_per_epoch = _dataset(config, x, y, index, batch, batch * workers)
+    fit_args = dict(
+        x=data,
+        steps_per_epoch=steps_per_epoch,
+        epochs=config["epochs"],
+        shuffle=False,  # the dataset shuffles itself
+        verbose=0,
+        callbacks=[*callbacks, _recorder(config, index, records)],
+    )
 
-    class Record(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.start = time.perf_counter()
-            self.validation = 0.0
+    # Every method validates, the no-communication bound too: `evaluate`
+    # costs time outside the `on_test_begin`..`on_test_end` window that is
+    # subtracted, and the bound must pay it as the other methods do.
+    fit_args["validation_data"] = validation
+    # Few, large validation batches: each batch costs a collective.
+    fit_args["validation_batch_size"] = 50 * strategy.num_replicas_in_sync
 
-        def on_test_begin(self, logs=None):
-            self.validation_start = time.perf_counter()
+    if method == "solo":
+        start_together(config["out"], index, workers)
+    model.fit(**fit_args)
 
-        def on_test_end(self, logs=None):
-            self.validation += time.perf_counter() - self.validation_start
+    result = _measurements(optimizer, callbacks, records, parameters)
+    result = {"config": config, "worker": index, "workers": workers, **result}
+    with open(os.path.join(config["out"], f"worker-{index}.json"), "w") as f:
+        json.dump(result, f, indent=1, default=float)
+    return 0
 
-        def on_epoch_end(self, epoch, logs=None):
-            logs = logs or {}
-            optimizer_ = self.model.optimizer
-            skip = isinstance(optimizer_, keras_skip.SkipCorrectionOptimizer)
-            record = {
-                "epoch": epoch + 1,
-                "seconds": time.perf_counter() - self.start,
-                "validation_seconds": self.validation,
-                "val_accuracy": logs.get("val_accuracy"),
-                "loss": float(logs["loss"]),
-                "iterations": int(optimizer_.iterations.numpy()),
-                "averages": optimizer_.averages_performed if skip else None,
-                "interval": optimizer_.interval if skip else 1,
-                # Telemetry of keras-skip's callbacks (absent for sync, nocomm).
-                "bytes_sent": logs.get("bytes_sent"),
-                "drift": logs.get("drift"),
-            }
-            records.append(record)
-            if index == 0:
-                accuracy = record["val_accuracy"]
-                interval = record["interval"] if record["interval"] < NEVER else "none"
-                print(
-                    f"PROGRESS epoch {record['epoch']}/{config['epochs']} "
-                    f"time {record['seconds']:.1f}s "
-                    + (f"val_accuracy {accuracy:.4f} " if accuracy is not None else "")
-                    + f"interval {interval}",
-                    flush=True,
-                )
 
-            if config["stop_at"] is not None and accuracy_reached(
-                record["val_accuracy"], config["stop_at"]
-            ):
-                self.model.stop_training = True
+def _strategy(config: dict):
+    """The distribution strategy and the number of workers: the cluster's,
+    or for ``solo`` no cluster at all."""
+    import keras_skip
+    from keras_skip import multi_worker
 
+    if config["method"] == "solo":
+        # One of several independent processes: the same steps, no cluster.
+        cluster = json.loads(os.environ.pop("TF_CONFIG"))["cluster"]
+        workers = sum(len(tasks) for tasks in cluster.values())
+        import tensorflow as tf
+
+        return tf.distribute.get_strategy(), workers
+    strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
+    return strategy, multi_worker.num_workers(strategy)
+
+
+def _load_data(config: dict, strategy, workers: int):
+    """``(x, y)``, the validation data and this worker's batch size; for
+    ``mlp-noniid`` ``x`` and ``y`` hold every epoch's order one after the
+    other (see :func:`non_iid_order`)."""
+    from keras_skip.bench import workloads
+
+    (x, y), (x_test, y_test) = workloads.load_mnist_subset(
+        config["seed"], label_sorted=config["workload"] == "mlp-noniid"
+    )
+    if config["workload"] == "cnn":
+        x, x_test = x.reshape(-1, 28, 28, 1), x_test.reshape(-1, 28, 28, 1)
+    local_replicas = (
+        strategy.num_replicas_in_sync
+        if config["method"] == "solo"
+        else strategy.num_replicas_in_sync // workers
+    )
+    batch = config["batch_per_worker"] * local_replicas
+    if config["workload"] == "mlp-noniid":
+        order = non_iid_order(len(x), workers, batch, config["epochs"], config["seed"])
+        x, y = x[order], y[order]
+    return (x, y), (x_test, y_test), batch
+
+
+def _dataset(config: dict, x, y, index: int, batch: int, global_batch: int):
+    """The training dataset and the steps per epoch."""
     # A repeated dataset and steps_per_epoch: with a finite one,
     # MultiWorkerMirroredStrategy all-reduces at every step to agree on
     # whether every worker still has data.
@@ -244,33 +243,88 @@ def main(argv=None) -> int:
     # Each independent process takes the batches a worker of the cluster
     # would (its rows of every global batch).
     data = data.batch(global_batch, drop_remainder=True)
-    if method == "solo":
+    if config["method"] == "solo":
         data = data.map(
             lambda x, y: (
                 x[index * batch : (index + 1) * batch],
                 y[index * batch : (index + 1) * batch],
             )
         )
-    data = data.repeat()
-    fit_args = dict(
-        x=data,
-        steps_per_epoch=steps_per_epoch,
-        epochs=config["epochs"],
-        shuffle=False,  # the dataset shuffles itself
-        verbose=0,
-        callbacks=[*callbacks, Record()],
+    return data.repeat(), steps_per_epoch
+
+
+def _recorder(config: dict, index: int, records: list[dict]):
+    """A callback that appends every epoch's measurements to ``records``,
+    prints worker 0's progress line, and stops training at ``stop_at``."""
+    import keras
+
+    class Record(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.start = time.perf_counter()
+            self.validation = 0.0
+
+        def on_test_begin(self, logs=None):
+            self.validation_start = time.perf_counter()
+
+        def on_test_end(self, logs=None):
+            self.validation += time.perf_counter() - self.validation_start
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.perf_counter() - self.start
+            record = _epoch_record(
+                self.model.optimizer, epoch, logs or {}, seconds, self.validation
+            )
+            records.append(record)
+            if index == 0:
+                _print_progress(record, config["epochs"])
+
+            if config["stop_at"] is not None and accuracy_reached(
+                record["val_accuracy"], config["stop_at"]
+            ):
+                self.model.stop_training = True
+
+    return Record()
+
+
+def _epoch_record(
+    optimizer, epoch: int, logs: dict, seconds: float, validation_seconds: float
+) -> dict:
+    """The measurements of one epoch, as ``worker-<i>.json`` lists them."""
+    import keras_skip
+
+    skip = isinstance(optimizer, keras_skip.SkipCorrectionOptimizer)
+    return {
+        "epoch": epoch + 1,
+        "seconds": seconds,
+        "validation_seconds": validation_seconds,
+        "val_accuracy": logs.get("val_accuracy"),
+        "loss": float(logs["loss"]),
+        "iterations": int(optimizer.iterations.numpy()),
+        "averages": optimizer.averages_performed if skip else None,
+        "interval": optimizer.interval if skip else 1,
+        # Telemetry of keras-skip's callbacks (absent for sync, nocomm).
+        "bytes_sent": logs.get("bytes_sent"),
+        "drift": logs.get("drift"),
+    }
+
+
+def _print_progress(record: dict, epochs: int) -> None:
+    accuracy = record["val_accuracy"]
+    interval = record["interval"] if record["interval"] < NEVER else "none"
+    print(
+        f"PROGRESS epoch {record['epoch']}/{epochs} "
+        f"time {record['seconds']:.1f}s "
+        + (f"val_accuracy {accuracy:.4f} " if accuracy is not None else "")
+        + f"interval {interval}",
+        flush=True,
     )
 
-    # Every method validates, the no-communication bound too: `evaluate`
-    # costs time outside the `on_test_begin`..`on_test_end` window that is
-    # subtracted, and the bound must pay it as the other methods do.
-    fit_args["validation_data"] = (x_test, y_test)
-    # Few, large validation batches: each batch costs a collective.
-    fit_args["validation_batch_size"] = 50 * strategy.num_replicas_in_sync
 
-    if method == "solo":
-        start_together(config["out"], index, workers)
-    model.fit(**fit_args)
+def _measurements(
+    optimizer, callbacks: list, records: list[dict], parameters: int
+) -> dict:
+    """What the whole run sent and chose, with every epoch's records."""
+    import keras_skip
 
     skip = isinstance(optimizer, keras_skip.SkipCorrectionOptimizer)
     iterations = int(optimizer.iterations.numpy())
@@ -282,10 +336,7 @@ def main(argv=None) -> int:
         for callback in callbacks:
             payload += getattr(callback, "bytes_sent", 0)
     decision = optimizer.interval_decision if skip else None
-    result = {
-        "config": config,
-        "worker": index,
-        "workers": workers,
+    return {
         "parameters": parameters,
         "epochs": records,
         "iterations": iterations,
@@ -294,9 +345,6 @@ def main(argv=None) -> int:
         "decision": None if decision is None else dataclasses.asdict(decision),
         "intervals": sorted({r["interval"] for r in records}),
     }
-    with open(os.path.join(config["out"], f"worker-{index}.json"), "w") as f:
-        json.dump(result, f, indent=1, default=float)
-    return 0
 
 
 def start_together(directory: str, index: int, workers: int, timeout=600.0) -> None:

@@ -14,6 +14,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import internals  # tests/internals.py: reads of the optimizer's state
+
 DEFAULTS = {
     "mode": "skip",  # "skip", "stock" (plain Keras optimizer) or "unfixed"
     "interval": 3,
@@ -284,7 +287,7 @@ def main():
         def on_train_begin(self, logs=None):
             if backup is not None:
                 task = strategy.cluster_resolver.task_type
-                print(f"BACKUP {task} {backup._directory.name}", flush=True)
+                print(f"BACKUP {task} {backup.worker_directory.name}", flush=True)
 
         def on_epoch_begin(self, epoch, logs=None):
             print(f"EPOCH {epoch} BEGIN", flush=True)
@@ -387,7 +390,7 @@ def main():
             ]
         )
     if config["mode"] == "skip":
-        corrections = [c for c in optimizer._corrections if c is not None]
+        corrections = [c for c in internals.corrections(optimizer) if c is not None]
         result["corrections"] = np.concatenate([c.numpy().ravel() for c in corrections])
         # Every local replica's corrections, one row each.
         local = [strategy.experimental_local_results(c.value) for c in corrections]

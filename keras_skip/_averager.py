@@ -1,0 +1,164 @@
+"""One average of the replicas, through the parts chosen when the optimizer
+is built.
+
+An average sends the payload (the weights the steps update, the model's
+averaged state, any stop vote, the slots the policy sends) through the
+codec, sets every replica to the means with its correction updated by
+``correction / gamma * (x_bar - x_i)``, takes the outer step, and restarts
+the period (``maths.average``, ``maths.outer_step``). An overlapped average
+applies means whose all-reduce started before the step, keeping each
+replica's step on top (``maths.overlapped_average``). Cross-replica context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from keras_skip import _updates
+from keras_skip.steering import tf_variable
+
+
+class Averager:
+    """Averages the replicas with the optimizer's parts and variables.
+
+    `correction`: the correction's factor; `corrections`: one per trainable
+    variable (None without correction), found by `index_of`; `stepped()`:
+    the variables the steps update; `model_state()`: the model's averaged
+    non-trainable state; `gamma`, `bytes_sent`, `local_steps`, `averages`:
+    the optimizer's variables of those names.
+    """
+
+    def __init__(
+        self,
+        *,
+        correction: float,
+        corrections: list,
+        index_of: Callable,
+        stepped: Callable[[], list],
+        model_state: Callable[[], list],
+        votes: tuple,
+        period,
+        codec,
+        outer,
+        drift,
+        schedule,
+        slots,
+        gamma,
+        bytes_sent,
+        local_steps,
+        averages,
+    ):
+        self._correction = correction
+        self._corrections = corrections
+        self._index_of = index_of
+        self._stepped = stepped
+        self._model_state = model_state
+        self._votes = votes
+        self._period = period
+        self._codec = codec
+        self._outer = outer
+        self._drift = drift
+        self._schedule = schedule
+        self._slots = slots
+        self._gamma = gamma
+        self._bytes = bytes_sent
+        self._local_steps = local_steps
+        self._averages = averages
+
+    def own_corrections(self, variables) -> list:
+        """The corrections of `variables` (None without correction)."""
+        return [self._corrections[self._index_of(v)] for v in variables]
+
+    def payload(self, include_slots: bool):
+        """``(weights, slots, payload)``: what an average sends is the
+        payload, the trainable weights first."""
+        weights = [tf_variable(v) for v in self._stepped()]
+        slots = self._slots.slots()
+        sent = self._slots.sent(slots, include_slots)
+        return weights, slots, weights + self._model_state() + list(self._votes) + sent
+
+    def average(self, distribution, include_slots=False):
+        """Averages the replicas now; returns True."""
+        moved = self._schedule.moved()
+        if distribution.num_replicas_in_sync > 1:
+            weights, slots, payload = self.payload(include_slots)
+            rest = payload[len(weights) :]
+            per_replica = self._codec.send(distribution, weights, rest, moved)
+            means = self._codec.reduce(distribution, weights, rest, per_replica)
+            self._assign_means(distribution, payload, weights, means, moved)
+            self._slots.after_average(slots, include_slots, overlapped=False)
+        self._outer.after_average(distribution, moved, self._stepped())
+        self._gamma.value.assign(0.0)
+        self._schedule.after_average(overlapped=False)
+        return self._count()
+
+    def average_overlapped(self, distribution, sent, lr):
+        """The average of the snapshots `sent` carries (whose all-reduce
+        started before the step), applied after the step: each replica keeps
+        its step's displacement on top, and the correction is updated on the
+        snapshot. Returns True."""
+        extended = distribution.extended
+        weights, slots, payload = self.payload(include_slots=False)
+        displacements = extended.call_for_each_replica(
+            lambda snapshot: [
+                tf.identity(v) - s for v, s in zip(payload, snapshot, strict=True)
+            ],
+            args=(sent.snapshot,),
+        )
+        own = sent.snapshot[: len(weights)]
+        self._assign_means(
+            distribution, payload, weights, sent.means, sent.moved, own, sent.gamma
+        )
+        self._slots.after_average(slots, include_slots=False, overlapped=True)
+        self._outer.after_average(distribution, sent.moved, self._stepped())
+        # The next period starts from the (outer) average.
+        self._period.record(distribution, weights)
+        for v, d in zip(payload, displacements, strict=True):
+            extended.update(v, _updates.add, args=(d,), group=False)
+        extended.update(
+            self._gamma.value, _updates.assign_learning_rate, args=(lr,), group=False
+        )
+        self._schedule.after_average(overlapped=True)
+        return self._count()
+
+    def average_if_pending(self, distribution, include_slots=False):
+        """Averages if the replicas may differ: the weights moved since the
+        last average, or (`include_slots`) the slots are apart. Returns
+        whether it averaged (a boolean tensor)."""
+        pending = self._schedule.moved()
+        if include_slots:
+            pending = tf.logical_or(pending, self._slots.apart.value > 0)
+        return tf.cond(
+            pending,
+            lambda: self.average(distribution, include_slots),
+            lambda: tf.constant(False),
+            name="average_pending",
+        )
+
+    def _assign_means(
+        self, distribution, payload, weights, means, moved, own=None, gamma=None
+    ) -> None:
+        """Every replica's payload to the means, the weights through the codec
+        (corrections by ``correction / gamma * (average - x_i)``); the drift
+        measured before. `own`: the weights that were sent (a snapshot), if
+        not the variables'; `gamma`: the learning rates' sum they were taken
+        at, if not the current one."""
+        codec = self._codec
+        gamma = self._gamma.value if gamma is None else gamma
+        scale = tf.math.divide_no_nan(tf.constant(self._correction, tf.float32), gamma)
+        rest = payload[len(weights) :]
+        self._bytes.value.assign_add(codec.bytes(weights, rest))
+        self._drift.record(
+            distribution, codec, weights, means[: len(weights)], moved, own
+        )
+        corrections = [tf_variable(c) for c in self.own_corrections(weights)]
+        codec.assign(distribution, weights, means, corrections, scale, moved, own)
+        for v, mean in zip(rest, means[len(weights) :], strict=True):
+            distribution.extended.update(v, _updates.assign, args=(mean,), group=False)
+
+    def _count(self):
+        self._local_steps.value.assign(0)
+        self._averages.value.assign_add(1)
+        return tf.constant(True)

@@ -1,0 +1,150 @@
+"""One training step: synchronous, or local with the average when one is due.
+
+A step is synchronous (the gradients all-reduced, ``interval <= 1`` or
+during warm-up) or local: each replica's own step plus its correction
+(``maths.local_step``), then the average if one is due. The choice is a
+`tf.cond` in cross-replica context, so that the branch that communicates
+never runs in replica context.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from keras_skip import _compat, _updates
+from keras_skip.steering import tf_variable
+
+
+def gradients(inner, grads, n: int) -> tuple[list, list]:
+    """``(synchronous, local)``: a replica's gradients (replica context) for
+    a synchronous step and for a local one, unscaled by `inner`'s loss-scale
+    factor and clipped by its clipping options."""
+    if inner.loss_scale_factor is not None:
+        grads = [g / inner.loss_scale_factor for g in grads]
+    # Keras scales each replica's loss by 1/n so that a SUM all-reduce is
+    # a mean; a local step uses the replica's own, unscaled gradient.
+    synchronous = _compat.clip_gradients(inner, grads)
+    if n == 1:
+        return synchronous, synchronous
+    return synchronous, _compat.clip_gradients(
+        inner, [_updates.scale(g, n) for g in grads]
+    )
+
+
+class Step:
+    """The optimizer's step, from its parts and variables.
+
+    `inner`: the wrapped optimizer; `averager`: the `_averager.Averager`;
+    `group`: replicas per synchronous group (a local step takes the group's
+    mean gradient), 1 for none; `corrected`: a local step adds the
+    corrections; `interval`, `iterations`, `local_steps`, `gamma`,
+    `synchronous`, `bytes_sent`: the optimizer's variables of those names.
+    """
+
+    def __init__(
+        self,
+        *,
+        inner,
+        averager,
+        warmup_steps: int,
+        votes: tuple,
+        period,
+        schedule,
+        slots,
+        group: int,
+        corrected: bool,
+        interval,
+        iterations,
+        local_steps,
+        gamma,
+        synchronous,
+        bytes_sent,
+    ):
+        self._inner = inner
+        self._averager = averager
+        self._warmup_steps = warmup_steps
+        self._votes = votes
+        self._period = period
+        self._schedule = schedule
+        self._slots = slots
+        self._local_gradients = _updates.no_groups
+        if group > 1:
+            self._local_gradients = functools.partial(
+                _updates.group_means, group_size=group
+            )
+        self._correct = (
+            _updates.add_corrections if corrected else _updates.no_correction
+        )
+        self._interval = interval
+        self._iterations = iterations
+        self._local_steps = local_steps
+        self._gamma = gamma
+        self._synchronous = synchronous
+        self._bytes = bytes_sent
+
+    def __call__(self, distribution, sync_grads, local_grads, variables, lr):
+        """Takes the step (cross-replica context); returns whether an
+        interval average ran (a boolean tensor)."""
+        is_synchronous = tf.logical_or(
+            self._interval.value <= 1,
+            self._iterations.value < self._warmup_steps,
+        )
+        return tf.cond(
+            is_synchronous,
+            lambda: self.synchronous(distribution, sync_grads, variables, lr),
+            lambda: self.local(distribution, local_grads, variables, lr),
+            name="synchronous_step",
+        )
+
+    def synchronous(self, distribution, grads, variables, lr):
+        """All-reduces the gradients (and any stop vote) and takes the inner
+        optimizer's step on their mean, after averaging whatever differs
+        between the replicas. Returns False: no interval average."""
+        self._averager.average_if_pending(distribution, include_slots=True)
+        n = distribution.num_replicas_in_sync
+        extended = distribution.extended
+        tf_variables = [tf_variable(v) for v in variables]
+        if n > 1:
+            votes = [
+                (extended.call_for_each_replica(v.read_value), v) for v in self._votes
+            ]
+            grads = extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM,
+                list(zip(grads, tf_variables, strict=True)) + votes,
+            )
+            for v, total in zip(self._votes, grads[len(tf_variables) :], strict=True):
+                extended.update(v, _updates.assign, args=(total / n,), group=False)
+            grads = grads[: len(tf_variables)]
+        _compat.optimizer_step(self._inner, distribution, grads, variables, lr)
+        self._synchronous.value.assign_add(1)
+        if n > 1:
+            self._bytes.value.assign_add(_updates.bytes(tf_variables))
+        return tf.constant(False)
+
+    def local(self, distribution, grads, variables, lr):
+        """Each replica's own step (`grads`: its unscaled gradients) plus its
+        correction; then the average, if one is due. Returns whether one ran."""
+        averager = self._averager
+        tf_variables = [tf_variable(v) for v in variables]
+        self._period.record_if_first(
+            distribution, tf_variables, self._schedule.first_of_period()
+        )
+        sent = self._schedule.before_step(distribution)
+        grads = self._local_gradients(distribution, grads)
+        _compat.optimizer_step(self._inner, distribution, grads, variables, lr)
+        corrections = [tf_variable(c) for c in averager.own_corrections(tf_variables)]
+        self._correct(distribution, tf_variables, corrections, lr)
+        distribution.extended.update(
+            self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
+        )
+        local_steps = self._local_steps.value.assign_add(1)
+        if distribution.num_replicas_in_sync > 1:
+            self._slots.after_local_step(self._slots.slots())
+        return self._schedule.after_step(
+            sent,
+            local_steps,
+            lambda: averager.average(distribution),
+            lambda sent: averager.average_overlapped(distribution, sent, lr),
+        )
