@@ -1,6 +1,6 @@
-"""The checks and rewrites of `SkipCorrectionOptimizer`'s constructor
-arguments that need Keras: each message names the argument, the value and
-what is allowed."""
+"""The checks and rewrites of `SkipCorrectionOptimizer`'s arguments that need
+Keras, in the constructor and when it is built: each message names the
+argument, the value and what is allowed."""
 
 from __future__ import annotations
 

@@ -230,13 +230,3 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             callbacks[:] = [c for c in callbacks if c is not self._agreement]
             self._agreement = self._callback_list = None
         self._optimizer = None
-
-
-def __getattr__(name: str):
-    # AdaptiveIntervalCallback lives in keras_skip.adaptive_callback, which
-    # imports this module; it stays importable from here.
-    if name == "AdaptiveIntervalCallback":
-        from keras_skip.adaptive_callback import AdaptiveIntervalCallback
-
-        return AdaptiveIntervalCallback
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

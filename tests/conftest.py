@@ -94,3 +94,17 @@ def keras_fixes_for_every_model():
             cls._maybe_symbolic_build,
             _compat.originals._GLOBAL_FIXES,
         ) = saved
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest tests first (the oldest-versions run, then those marked
+    slow), each group in collection order: `pytest -n 2` hands the first
+    tests out to its workers in turn, so that no long test starts last and
+    keeps one worker busy while the other waits."""
+
+    def rank(item) -> int:
+        if item.get_closest_marker("oldest"):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)

@@ -26,6 +26,7 @@ without an outer optimizer or compression must be the inner optimizer alone.
 import internals
 import keras
 import numpy as np
+import pytest
 from conftest import components, max_replica_spread, mirrored
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -182,6 +183,7 @@ options = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=8,
     deadline=None,

@@ -191,6 +191,18 @@ def test_backup_and_restore_resumes_exactly(tmp_path):
     assert_same_state(per_replica_state(uninterrupted), per_replica_state(restarted))
 
 
+def test_a_single_worker_backs_up_into_backup_dir_itself(tmp_path):
+    backup = keras_skip.BackupAndRestore(
+        str(tmp_path / "backup"), delete_checkpoint=False
+    )
+    assert backup.worker_directory is None  # known once training begins
+    fit(new_model(mirrored(2), interval=3), epochs=2, callbacks=[backup])
+    assert backup.worker_directory == tmp_path / "backup"
+    written = sorted(p.name for p in backup.worker_directory.iterdir())
+    assert written == ["epoch-1", "epoch-2"]  # epochs done
+    assert (backup.worker_directory / "epoch-2" / "backup.weights.h5").is_file()
+
+
 def test_loading_on_another_replica_count_warns_and_resets_corrections(tmp_path):
     model = new_model(mirrored(4), interval=3)
     fit(model, epochs=1)
