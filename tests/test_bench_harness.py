@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from keras_skip.bench import harness, links, netem
+from keras_skip.bench import harness, links, netem, tables
 
 EMULATION = netem.unavailable_reason()
 needs_emulation = pytest.mark.skipif(
@@ -75,6 +75,54 @@ def test_quick_mode_runs_every_method_and_reports(tmp_path):
     assert all(e["drift"] > 0 for e in skip_epochs)
     assert sum(e["bytes_sent"] for e in skip_epochs) == methods["skip"]["payload_bytes"]
     assert all(e["drift"] is None for e in methods["sync"]["epochs"])
+    # The docs' tables are made from this file.
+    results = tmp_path / "results.json"
+    drift = tables.render("drift", [results]).splitlines()
+    assert drift[0] == "| epoch | 1 | 2 |"
+    skip_drift = next(line for line in drift if line.startswith("| drift, skip+"))
+    shown = [float(cell) for cell in skip_drift.strip("|").split("|")[1:]]
+    assert shown == pytest.approx([e["drift"] for e in skip_epochs], abs=5e-4)
+    assert not any("synchronous" in line for line in drift)
+    options = tables.render("options", [results]).splitlines()
+    assert "payload MB" in options[0] and len(options) == 2 + len(methods)
+    assert tables.render("run", [results]) == tables.run_table(saved)
+
+
+def test_table_kinds_and_inputs_are_checked(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"methods": [{"label": "sync", "epochs": []}]}))
+    with pytest.raises(ValueError, match=r"'plot' is not one of .*'drift'"):
+        tables.render("plot", [results])
+    with pytest.raises(ValueError, match="run it with --measure-drift"):
+        tables.render("drift", [results])
+    with pytest.raises(ValueError, match="made from one file, not 2"):
+        tables.render("drift", [results, results])
+    assert tables.main(["drift", str(results)]) == 2
+    assert "tables drift: no method of this run measured drift" in (
+        capsys.readouterr().err
+    )
+
+
+def test_refresh_prints_every_generated_table_of_a_page_again(tmp_path):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    measured = {
+        "steps_per_execution": 8,
+        "bare_ms_per_step": 7.3,
+        "wrapped_ms_per_step": 7.5,
+        **dict.fromkeys(["ratio", "ratio_min", "ratio_max"], 1.02),
+        **dict.fromkeys(["cpu_ratio", "cpu_ratio_min", "cpu_ratio_max"], 1.03),
+    }
+    (tmp_path / "docs/results/wrapper.json").write_text(json.dumps([measured]))
+    marker = "<!-- generated: python -m keras_skip.bench.tables wrapper "
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(
+        f"Before.\n\n{marker}docs/results/wrapper.json -->\n| stale |\n"
+        "<!-- end of generated table -->\n\nAfter.\n"
+    )
+    assert tables.refresh(page) == 1
+    text = page.read_text()
+    assert "| stale |" not in text and "| 8 | 7.30 | 7.50 | 1.020 (1.02-1.02) |" in text
+    assert text.startswith("Before.\n") and text.endswith("\nAfter.\n")
 
 
 def record(epoch, seconds, accuracy=None):

@@ -257,32 +257,23 @@ def test_the_repository_and_the_site_are_named_alike_everywhere():
 
 
 def test_generated_tables_and_headline_numbers_match_the_results():
-    """The latency table of the benchmarks page is what
-    `keras_skip.bench.tables` prints from the committed results, and the
+    """Every table of the benchmarks page is what `keras_skip.bench.tables`
+    prints from the committed results, none is typed by hand, and the
     README's headline numbers are those results'."""
-    import re
-
     from keras_skip.bench import tables
 
     page = (ROOT / "docs" / "benchmarks.md").read_text()
-    generated = re.findall(
-        r"<!-- generated: python -m keras_skip\.bench\.tables (latency|run) "
-        r"([^>]*) -->\n"
-        r"(.*?)<!-- end of generated table -->",
-        page,
-        flags=re.S,
-    )
-    assert {kind for kind, _, _ in generated} == {"latency", "run"}
-    for kind, paths, shown in generated:
-        results = [tables.load(ROOT / path) for path in paths.split()]
-        if kind == "latency":
-            assert shown == tables.latency_table(results)
-        else:
-            assert shown == tables.run_table(*results)
+    generated = tables.GENERATED.findall(page)
+    assert {kind for _, kind, _, _, _ in generated} == set(tables.KINDS)
+    for _, kind, paths, shown, _ in generated:
+        assert shown == tables.render(kind, [ROOT / p for p in paths.split()]), paths
         for path in paths.split():
             text = (ROOT / path).read_text()
             assert "/tmp" not in text and '"out"' not in text, path
             assert '"plots"' not in text, path
+    outside = tables.GENERATED.sub("", page)
+    typed = [line for line in outside.splitlines() if line.startswith("|")]
+    assert not typed, typed[:3]
 
     readme = " ".join((ROOT / "README.md").read_text().split())
     at_0ms = tables.headline(tables.load(ROOT / "docs/results/latency-0ms.json"))

@@ -1,21 +1,42 @@
 """Benchmark tables for the docs, generated from ``results.json`` files.
 
-The tables of ``docs/benchmarks.md`` that come from runs kept in
-``docs/results/`` are printed by this module, not typed, and a test checks
-that the page shows what it prints::
+Every table of ``docs/benchmarks.md`` is printed by this module from the
+results kept in ``docs/results/``, not typed, and a test checks that the page
+shows what it prints::
 
     python -m keras_skip.bench.tables publish RUN/results.json docs/results/NAME.json
-    python -m keras_skip.bench.tables latency docs/results/latency-*.json
-    python -m keras_skip.bench.tables run docs/results/demo.json
+    python -m keras_skip.bench.tables KIND docs/results/NAME.json [...]
 
-``publish`` copies a run's results without the paths of the machine that
-made them (its output directory and plots).
+``KIND`` is one of:
+
+- ``run``: a ``keras-skip bench`` run, a row per method (all columns);
+- ``options``: the same with the payload and the wire's bytes, fewer columns;
+- ``overlap``: ``options``, and the share of communication overlap hid;
+- ``latency``: several ``keras-skip bench`` runs, a row per latency;
+- ``pairs``: pairs of runs, with and without latency, a row per pair;
+- ``drift``: the drift and accuracy per epoch of a ``--measure-drift`` run;
+- ``wrapper``: ``python -m keras_skip.bench.step_overhead --json``;
+- ``interval``: ``python -m keras_skip.bench.overhead --json``;
+- ``slots``: ``python benchmarks/optimizer_state.py --json``.
+
+``publish`` copies results without the paths of the machine that made them
+(a run's output directory and plots). ``refresh docs/benchmarks.md`` prints
+again every table of the page between its markers::
+
+    <!-- generated: python -m keras_skip.bench.tables KIND FILE... -->
+    ...
+    <!-- end of generated table -->
+
+with the files named relative to the repository's root (the page's
+grandparent directory).
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
+import statistics
 import sys
 from collections.abc import Sequence
 
@@ -33,8 +54,10 @@ def load(path: str | pathlib.Path) -> dict:
     return json.loads(pathlib.Path(path).read_text())
 
 
-def publishable(result: dict) -> dict:
+def publishable(result: dict | list) -> dict | list:
     """``result`` without the machine's paths."""
+    if isinstance(result, list):
+        return result
     result = dict(result)
     result.pop("plots", None)
     arguments = dict(result.get("arguments", {}))
@@ -157,20 +180,233 @@ def headline(result: dict) -> dict:
     }
 
 
+def pairs_table(results: Sequence[dict]) -> str:
+    """Pairs of runs of the same method, each with latency then without (in
+    that order in ``results``), run back to back: a row per pair with the
+    ratio of their times to the target, and the median ratio."""
+    if len(results) % 2:
+        raise ValueError(f"pairs need an even number of runs, not {len(results)}")
+    pairs = list(zip(results[0::2], results[1::2], strict=True))
+    latency = results[0]["arguments"]["latency"].replace("ms", " ms")
+    for slow, fast in pairs:
+        if parse_duration(fast["arguments"]["latency"]) != 0:
+            raise ValueError("the second run of each pair must have no latency")
+        if slow["arguments"]["latency"] != results[0]["arguments"]["latency"]:
+            raise ValueError("the first runs of the pairs differ in latency")
+    lines = [
+        f"| pair | round trip at {latency} | time to {results[0]['target']:.2f} "
+        f"at {latency} | at 0 ms | {latency} / 0 ms | s / epoch at {latency} "
+        "| at 0 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ratios = []
+    for number, (slow, fast) in enumerate(pairs, 1):
+        a, b = row(slow, SKIP), row(fast, SKIP)
+        ratios.append(a["time_to_target"] / b["time_to_target"])
+        lines.append(
+            f"| {number} | {slow['round_trip_seconds'] * 1e3:.1f} ms "
+            f"| {a['time_to_target']:.1f} s | {b['time_to_target']:.1f} s "
+            f"| {ratios[-1]:.2f}x | {a['epoch_seconds']:.2f} "
+            f"| {b['epoch_seconds']:.2f} |"
+        )
+    median = statistics.median(ratios)
+    lines.append(f"\nMedian of the pairs' ratios: **{median:.2f}x**.")
+    return "\n".join(lines) + "\n"
+
+
+def options_table(result: dict) -> str:
+    """A run's table with the payload of an average beside the bytes the links
+    carried, for comparing options that change what an average sends."""
+    final = f"accuracy after {result['epochs']} epochs"
+    lines = [
+        f"| method | time to {result['target']:.2f} | epochs | vs sync | vs bound "
+        f"| {final} | s / epoch | syncs | payload MB | MB sent (wire) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in result["rows"]:
+        if SOLO in entry["method"]:
+            continue
+        shown = cells(entry)[:7] + cells(entry)[8:9]
+        payload = entry.get("payload_mb")
+        wire = entry.get("wire_mb")
+        shown += (
+            "-" if payload is None else f"{payload:,.1f}",
+            "-" if wire is None else f"{wire:,.0f}",
+        )
+        lines.append("| " + " | ".join(shown) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def overlap_table(result: dict) -> str:
+    """:func:`options_table`, and the share of the communication time per
+    epoch that overlapped averages hid in the same run."""
+    lines = [options_table(result)]
+    for method, share in result.get("overlap_hidden", {}).items():
+        effect = "hid" if share >= 0 else "added"
+        lines.append(
+            f"\nOverlapped averages (`{method}`) {effect} **{abs(share):.1%}** "
+            f"{'of' if share >= 0 else 'to'} the communication time per epoch: "
+            "`(without - with) / (without - no communication)`, from the steady "
+            "epoch times of this run.\n"
+        )
+    return "".join(lines)
+
+
+def drift_table(result: dict) -> str:
+    """Epoch by epoch, each method's mean drift at an average and its
+    validation accuracy."""
+    measured = [
+        m for m in result["methods"] if any(e.get("drift") for e in m["epochs"])
+    ]
+    if not measured:
+        raise ValueError(
+            "no method of this run measured drift: run it with --measure-drift"
+        )
+    epochs = [e["epoch"] for e in measured[0]["epochs"]]
+    lines = [
+        "| epoch | " + " | ".join(str(e) for e in epochs) + " |",
+        "|---" * (len(epochs) + 1) + "|",
+    ]
+    for key, what in (("drift", "drift"), ("val_accuracy", "accuracy")):
+        for method in measured:
+            values = [e.get(key) for e in method["epochs"]]
+            shown = ["-" if v is None else f"{v:.3f}" for v in values]
+            lines.append(f"| {what}, {method['label']} | " + " | ".join(shown) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def wrapper_table(rows: list[dict]) -> str:
+    """The wrapper's cost on a local step: median ratio and extremes of the
+    interleaved pairs, in wall time and CPU time."""
+    lines = [
+        "| `steps_per_execution` | SGD ms / step | wrapped ms / step "
+        "| wrapped / SGD, wall time | wrapped / SGD, CPU time |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['steps_per_execution']} | {r['bare_ms_per_step']:.2f} "
+            f"| {r['wrapped_ms_per_step']:.2f} "
+            f"| {r['ratio']:.3f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) "
+            f"| {r['cpu_ratio']:.3f} "
+            f"({r['cpu_ratio_min']:.2f}-{r['cpu_ratio_max']:.2f}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def interval_table(rows: list[dict]) -> str:
+    """What each way of choosing the interval spent on choosing, against
+    :class:`~keras_skip.AdaptiveIntervalCallback` (the first row)."""
+    ours = rows[0]["choosing_seconds"]
+    lines = [
+        "| strategy | interval | choosing: wall time | of which tracing "
+        "| collectives | bytes / replica | x ours | total training | val accuracy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        tracing = r["tracing_seconds"]
+        lines.append(
+            f"| {r['strategy']} | {r['interval']} "
+            f"| {r['choosing_seconds'] * 1e3:,.1f} ms "
+            f"| {'in trials' if tracing is None else f'{tracing * 1e3:.1f} ms'} "
+            f"| {r['collectives']} | {r['bytes_sent']:,} "
+            f"| {r['choosing_seconds'] / ours:,.0f}x | {r['total_seconds']:.1f} s "
+            f"| {r['val_accuracy']:.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def slots_table(rows: list[dict]) -> str:
+    """Per inner optimizer and ``optimizer_state``: the mean validation
+    accuracy over the seeds (their range) and the megabytes per average."""
+    seeds = len(rows[0]["seeds"])
+    lines = [
+        "| inner optimizer | `optimizer_state` "
+        f"| val accuracy, mean of {seeds} seeds (range) | MB per average |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        accuracies = r["val_accuracy"]
+        mean = sum(accuracies) / len(accuracies)
+        spread = max(accuracies) - min(accuracies)
+        lines.append(
+            f"| {r['inner']} | {r['optimizer_state']} | {mean:.4f} ({spread:.4f}) "
+            f"| {r['megabytes_per_average']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _one(table):
+    def render(results: Sequence) -> str:
+        if len(results) != 1:
+            raise ValueError(f"this table is made from one file, not {len(results)}")
+        return table(results[0])
+
+    render.__doc__ = table.__doc__
+    return render
+
+
+KINDS = {
+    "run": _one(run_table),
+    "options": _one(options_table),
+    "overlap": _one(overlap_table),
+    "latency": latency_table,
+    "pairs": pairs_table,
+    "drift": _one(drift_table),
+    "wrapper": _one(wrapper_table),
+    "interval": _one(interval_table),
+    "slots": _one(slots_table),
+}
+
+
+def render(kind: str, paths: Sequence[str | pathlib.Path]) -> str:
+    """The table ``kind`` (one of :data:`KINDS`) made from the files ``paths``."""
+    if kind not in KINDS:
+        raise ValueError(f"table kind {kind!r} is not one of {sorted(KINDS)}")
+    return KINDS[kind]([load(path) for path in paths])
+
+
+GENERATED = re.compile(
+    r"(<!-- generated: python -m keras_skip\.bench\.tables (\w+) ([^>]*) -->\n)"
+    r"(.*?)(<!-- end of generated table -->\n)",
+    flags=re.S,
+)
+
+
+def refresh(page: str | pathlib.Path) -> int:
+    """Prints again every generated table of the Markdown file ``page`` from
+    the results it names; returns how many tables it holds."""
+    page = pathlib.Path(page)
+    root = page.resolve().parent.parent
+    text = page.read_text()
+    count = len(GENERATED.findall(text))
+
+    def table(match: re.Match) -> str:
+        paths = [root / path for path in match[3].split()]
+        return match[1] + render(match[2], paths) + match[5]
+
+    page.write_text(GENERATED.sub(table, text))
+    return count
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 3 and argv[0] == "publish":
         result = publishable(load(argv[1]))
         pathlib.Path(argv[2]).write_text(json.dumps(result, indent=1) + "\n")
         return 0
-    if len(argv) >= 2 and argv[0] == "latency":
-        print(latency_table([load(path) for path in argv[1:]]), end="")
-        return 0
-    if len(argv) == 2 and argv[0] == "run":
-        print(run_table(load(argv[1])), end="")
+    if len(argv) == 2 and argv[0] == "refresh":
+        print(f"{refresh(argv[1])} tables printed again in {argv[1]}")
         return 0
     if len(argv) == 2 and argv[0] == "headline":
         print(json.dumps(headline(load(argv[1])), indent=1))
+        return 0
+    if len(argv) >= 2 and argv[0] in KINDS:
+        try:
+            print(render(argv[0], argv[1:]), end="")
+        except (ValueError, KeyError) as error:
+            print(f"keras_skip.bench.tables {argv[0]}: {error}", file=sys.stderr)
+            return 2
         return 0
     print(__doc__, file=sys.stderr)
     return 2
