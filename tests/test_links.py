@@ -1,7 +1,10 @@
 """Slow links for the benchmark: the relay (rate and latency without root), the
 round-trip probe, and the benchmark's options for them."""
 
+import errno
 import json
+import os
+import pathlib
 import socket
 import subprocess
 import threading
@@ -161,6 +164,32 @@ def test_the_relay_refuses_bad_arguments_and_use_outside_its_block():
         relay.RelayNetwork(2, namespace="absent"),
     ):
         pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for /var/run/netns")
+def test_a_file_that_is_no_namespace_is_refused_and_moves_no_thread():
+    """``setns`` itself fails (the name exists but is no network namespace):
+    `enter_namespace` raises the system's error naming the path, the thread
+    stays where it was, and the relay refuses to start."""
+    name = f"keras-skip-test-not-a-namespace-{os.getpid()}"
+    path = pathlib.Path("/var/run/netns") / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    try:
+        before = os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/net")
+        with pytest.raises(OSError, match=name) as raised:
+            relay.enter_namespace(name)
+        assert raised.value.errno == errno.EINVAL
+        after = os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/net")
+        assert after == before
+        refused = f"cannot enter network namespace {name!r}"
+        with (
+            pytest.raises(RuntimeError, match=refused),
+            relay.RelayNetwork(2, namespace=name),
+        ):
+            pass
+    finally:
+        path.unlink()
 
 
 @needs_emulation

@@ -81,7 +81,10 @@ def enter_namespace(name: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         if hasattr(os, "setns"):  # Python 3.12+
-            os.setns(fd, os.CLONE_NEWNET)
+            try:
+                os.setns(fd, os.CLONE_NEWNET)
+            except OSError as error:
+                raise OSError(error.errno, error.strerror, path) from None
             return
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET

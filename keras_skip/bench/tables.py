@@ -100,12 +100,15 @@ def latency_table(results: Sequence[dict]) -> str:
         sync, skip = row(result, SYNC), row(result, SKIP)
         adaptive, outer = row(result, ADAPTIVE), row(result, OUTER)
         latency = result["arguments"]["latency"].replace("ms", " ms")
+        # A line break inside a cell keeps the seven columns narrow enough
+        # for the page.
         lines.append(
             f"| {latency} ({result['round_trip_seconds'] * 1e3:.1f} ms) "
-            f"| {sync['time_to_target']:.1f} s, {sync['epoch_seconds']:.2f} s / epoch "
-            f"| {_time(skip, sync)}, {skip['epoch_seconds']:.2f} s / epoch "
-            f"| {_time(adaptive, sync)}, interval {adaptive['interval']} "
-            f"| {_time(outer, sync)}, {outer['epoch_seconds']:.2f} s / epoch "
+            f"| {sync['time_to_target']:.1f} s"
+            f"<br>{sync['epoch_seconds']:.2f} s / epoch "
+            f"| {_time(skip, sync)}<br>{skip['epoch_seconds']:.2f} s / epoch "
+            f"| {_time(adaptive, sync)}<br>interval {adaptive['interval']} "
+            f"| {_time(outer, sync)}<br>{outer['epoch_seconds']:.2f} s / epoch "
             f"| {row(result, BOUND)['epoch_seconds']:.2f} "
             f"| {row(result, SOLO)['epoch_seconds']:.2f} |"
         )
