@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -123,6 +124,44 @@ def test_refresh_prints_every_generated_table_of_a_page_again(tmp_path):
     text = page.read_text()
     assert "| stale |" not in text and "| 8 | 7.30 | 7.50 | 1.020 (1.02-1.02) |" in text
     assert text.startswith("Before.\n") and text.endswith("\nAfter.\n")
+
+
+def test_overlap_span_benchmark_times_its_four_cases_and_makes_its_table(tmp_path):
+    """``benchmarks/overlap_span.py`` on loopback, 2 real workers, a few steps:
+    every worker reports its four medians, the parts add up to about the
+    whole, and ``tables span`` prints a row from the file."""
+    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "overlap_span.py"
+    out = tmp_path / "span.json"
+    arguments = ["--bandwidth", "none", "--steps", "3", "--rounds", "2"]
+    result = subprocess.run(
+        [sys.executable, str(script), *arguments, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "2 workers, loopback, no emulated link; medians of 2 rounds:" in (
+        result.stdout
+    )
+    span = json.loads(out.read_text())
+    assert span["arguments"]["steps"] == 3 and "json" not in span["arguments"]
+    assert len(span["workers"]) == 2
+    for w in span["workers"]:
+        assert min(w["steps"], w["all_reduce"], w["together"]) > 0
+        assert w["sequential"] >= 0.5 * (w["steps"] + w["all_reduce"])
+        expected = (w["steps"] + w["all_reduce"] - w["together"]) / min(
+            w["steps"], w["all_reduce"]
+        )
+        assert w["hidden"] == pytest.approx(expected)
+    table = tables.render("span", [out])
+    assert table.splitlines()[2].startswith("| 2, 0 ms | 3 in ")
+    bad = subprocess.run(
+        [sys.executable, str(script), "--bandwidth", "100mbps"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "100mbps" in bad.stderr
 
 
 def record(epoch, seconds, accuracy=None):

@@ -17,7 +17,8 @@ shows what it prints::
 - ``drift``: the drift and accuracy per epoch of a ``--measure-drift`` run;
 - ``wrapper``: ``python -m keras_skip.bench.step_overhead --json``;
 - ``interval``: ``python -m keras_skip.bench.overhead --json``;
-- ``slots``: ``python benchmarks/optimizer_state.py --json``.
+- ``slots``: ``python benchmarks/optimizer_state.py --json``;
+- ``span``: ``python benchmarks/overlap_span.py --json`` runs, a row per run.
 
 ``publish`` copies results without the paths of the machine that made them
 (a run's output directory and plots). ``refresh docs/benchmarks.md`` prints
@@ -339,6 +340,35 @@ def slots_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def span_table(results: Sequence[dict]) -> str:
+    """One row per run: the workers' medians of local steps, one all-reduce,
+    the two one after the other and together (the median over workers, and
+    their range), and the share of the shorter one hidden."""
+    lines = [
+        "| workers, one-way latency | local steps | one all-reduce "
+        "| one after the other | together | hidden |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def seconds(values):
+        return (
+            f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+        )
+
+    for result in results:
+        workers, arguments = result["workers"], result["arguments"]
+        column = {key: [w[key] for w in workers] for key in workers[0]}
+        hidden = column["hidden"]
+        lines.append(
+            f"| {arguments['workers']}, {arguments['latency'].replace('ms', ' ms')} "
+            f"| {arguments['steps']} in {seconds(column['steps'])} "
+            f"| {seconds(column['all_reduce'])} | {seconds(column['sequential'])} "
+            f"| {seconds(column['together'])} "
+            f"| {statistics.median(hidden):.0%} ({min(hidden):.0%}-{max(hidden):.0%}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _one(table):
     def render(results: Sequence) -> str:
         if len(results) != 1:
@@ -359,6 +389,7 @@ KINDS = {
     "wrapper": _one(wrapper_table),
     "interval": _one(interval_table),
     "slots": _one(slots_table),
+    "span": span_table,
 }
 
 
