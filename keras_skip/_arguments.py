@@ -94,6 +94,24 @@ def check_compression(compression) -> str | None:
     return compression
 
 
+def check_overlap(overlap) -> int:
+    """The local steps an interval average's all-reduce may run beside: 0
+    (False), 1 (True: the step it is due after) or more (delayed)."""
+    if isinstance(overlap, bool):
+        return int(overlap)
+    if not isinstance(overlap, int):
+        raise TypeError(
+            "`overlap` must be True, False or an integer >= 0 (local steps). "
+            f"Received: overlap={overlap!r} of type {type(overlap).__name__}"
+        )
+    if overlap < 0:
+        raise ValueError(
+            "`overlap` must be True, False or an integer >= 0 (local steps). "
+            f"Received: overlap={overlap!r}"
+        )
+    return overlap
+
+
 def check_group_size(group_size) -> int | str | None:
     if group_size is None or group_size == "worker":
         return group_size

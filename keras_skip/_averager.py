@@ -99,6 +99,25 @@ class Averager:
         started before the step), applied after the step: each replica keeps
         its step's displacement on top, and the correction is updated on the
         snapshot. Returns True."""
+        self._land(distribution, sent)
+        distribution.extended.update(
+            self._gamma.value, _updates.assign_learning_rate, args=(lr,), group=False
+        )
+        self._schedule.after_average(overlapped=True)
+        return self._count()
+
+    def average_delayed(self, distribution, sent):
+        """The average of the snapshots `sent` carries, sent while the steps
+        after it computed (``maths.overlapped_average``): as an overlapped
+        average, but the period that began at the snapshot goes on (its
+        local steps and learning rates stay counted). Returns True."""
+        self._land(distribution, sent)
+        self._averages.value.assign_add(1)
+        return tf.constant(True)
+
+    def _land(self, distribution, sent):
+        """Each replica to the means of `sent` plus its own displacement
+        since the snapshot; the corrections updated on the snapshot."""
         extended = distribution.extended
         weights, slots, payload = self.payload(include_slots=False)
         displacements = extended.call_for_each_replica(
@@ -117,11 +136,6 @@ class Averager:
         self._period.record(distribution, weights)
         for v, d in zip(payload, displacements, strict=True):
             extended.update(v, _updates.add, args=(d,), group=False)
-        extended.update(
-            self._gamma.value, _updates.assign_learning_rate, args=(lr,), group=False
-        )
-        self._schedule.after_average(overlapped=True)
-        return self._count()
 
     def average_if_pending(self, distribution, include_slots=False):
         """Averages if the replicas may differ: the weights moved since the

@@ -1,12 +1,16 @@
-"""When a local step's due average runs: after the step, or alongside it.
+"""When a local step's due average runs: after the step, alongside it, or
+alongside the next steps.
 
 `Sequential` averages after the step the average is due after. `Overlapped`
 (``overlap=True`` on several replicas) starts the due interval average's
 all-reduce before the step, on the values the step starts from, so that it
 runs while the step computes; the mean lands after the step, and each
 replica keeps its step's displacement on top (``maths.overlapped_average``).
-Until the next average includes that step, the weights *carry* it. Chosen
-when the optimizer is built. Cross-replica context.
+Until the next average includes that step, the weights *carry* it.
+`Delayed` (``overlap=k``, k >= 2) copies what the due average sends into
+buffers and starts the next period; `_flight.Flight` all-reduces the copy
+while the next steps compute and lands it later (``maths.overlapped_average``).
+Chosen when the optimizer is built. Cross-replica context.
 """
 
 from __future__ import annotations
@@ -151,12 +155,169 @@ class Overlapped(Sequential):
         self.carried.value.assign(1 if overlapped else 0)
 
 
-def build(add_variable, overlap: bool, replicas: int, local_steps, interval, **parts):
-    """`Sequential`, or with `overlap` `Overlapped` on several replicas
-    (`parts`: its other arguments). The variables of overlap are made with
-    the optimizer's `add_variable` whatever the number of replicas (a
-    checkpoint's variables do not depend on it); on one replica nothing
-    overlaps and they stay at rest."""
+class Buffers:
+    """What a delayed average sends, per payload variable: each replica's
+    copy (`snapshot_of`) and, once the all-reduce is done, the means
+    (`means_of`, in the codec's wire type for the weights). Plain variables
+    made between executions (`create`), not saved: a flight lands before
+    any save."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self._snapshots: dict[int, tf.Variable] = {}
+        self._means: dict[int, tf.Variable] = {}
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._snapshots)
+
+    def create(self, weights, rest, wire_types) -> None:
+        """Buffers for `weights` (the variables the steps may update) and
+        `rest` of the payload, where none exist yet (eagerly)."""
+        types = list(wire_types) + [None] * (len(weights) + len(rest))
+        with self.strategy.scope():
+            for v, dtype in zip(weights + rest, types, strict=False):
+                key = id(v)
+                if key in self._snapshots:
+                    continue
+                dtype = dtype or v.dtype
+                self._snapshots[key] = _buffer(v.shape, v.dtype, "snapshot")
+                self._means[key] = _buffer(v.shape, dtype, "mean")
+
+    @staticmethod
+    def read(distribution, buffers) -> list:
+        """Each replica's own value of `buffers` (distributed values)."""
+        return distribution.extended.call_for_each_replica(
+            lambda: [b.read_value() for b in buffers]
+        )
+
+    def snapshot_of(self, payload) -> list:
+        return [self._find(self._snapshots, v) for v in payload]
+
+    def means_of(self, payload) -> list:
+        return [self._find(self._means, v) for v in payload]
+
+    @staticmethod
+    def _find(buffers, v):
+        try:
+            return buffers[id(v)]
+        except KeyError:
+            raise RuntimeError(
+                f"overlap: the variable {v.name!r} joined the averaged state "
+                "after training began; build the model and its optimizer "
+                "before the first `fit`."
+            ) from None
+
+
+def _buffer(shape, dtype, name):
+    return tf.Variable(
+        tf.zeros(shape, dtype),
+        trainable=False,
+        name=f"delayed_{name}",
+        synchronization=tf.VariableSynchronization.ON_WRITE,
+        aggregation=tf.VariableAggregation.NONE,
+    )
+
+
+class Delayed(Sequential):
+    """A due interval average sent while the next local steps compute.
+
+    At the due step the graph copies the payload into `buffers` and starts
+    the next period (`local_steps` and the learning rates' sum `gamma` count
+    from there); nothing is exchanged in the step. The host all-reduces the
+    copies in a thread and lands the means between two executions of the
+    train function (`_flight.Flight`). The graph takes a copy only while the
+    host `armed` it (`model.fit` does, between executions); otherwise, in a
+    custom training loop, and at a step the host made a full one
+    (`full_at`), a due average runs after the step as `Sequential`'s does.
+    `pending`: 1 from the copy until it lands; `snapshot_gamma`: the
+    learning rates' sum of the period the copy ends.
+    """
+
+    def __init__(
+        self,
+        local_steps,
+        interval,
+        *,
+        carried,
+        full_at,
+        iterations,
+        gamma,
+        buffers: Buffers,
+        payload: Callable[[], tuple[list, list, list]],
+    ):
+        super().__init__(local_steps, interval, carried, full_at)
+        self._iterations = iterations
+        self._gamma = gamma
+        self._payload = payload
+        self.buffers = buffers
+        with buffers.strategy.scope():
+            self.armed = _buffer((), tf.int64, "armed")
+            self.pending = _buffer((), tf.int64, "pending")
+            self.snapshot_gamma = _buffer((), tf.float32, "gamma")
+            self.snapshot_steps = _buffer((), tf.int64, "steps")
+
+    def carried_steps(self) -> int:
+        # While a copy is on its way, the steps of the period it ended are
+        # in no average yet.
+        if not int(self.pending.numpy()):
+            return 0
+        return int(self.snapshot_steps.numpy())
+
+    def first_of_period(self):
+        # While a copy is on its way, the period it ended still owns the
+        # period's start (compression and the outer step read it); the
+        # landing records the next one.
+        return tf.logical_and(super().first_of_period(), self.pending.value() == 0)
+
+    def before_step(self, distribution):
+        # Read before the step, as `Overlapped` does: the step counts.
+        return distribution, self._iterations.value != self.full_at.value
+
+    def after_step(self, sent, local_steps, average, average_overlapped):
+        if not self.buffers.ready:
+            return super().after_step(sent, local_steps, average, average_overlapped)
+        distribution, not_full = sent
+
+        def due():
+            delayed = tf.logical_and(self.armed.value() > 0, not_full)
+            return tf.cond(
+                delayed,
+                lambda: self._snapshot(distribution),
+                average,
+                name="average_delayed",
+            )
+
+        return tf.cond(
+            local_steps >= self._interval.value, due, _nothing, name="average_due"
+        )
+
+    def _snapshot(self, distribution):
+        extended = distribution.extended
+        _, _, payload = self._payload()
+        values = extended.call_for_each_replica(
+            lambda: [tf.identity(v) for v in payload]
+        )
+        for buffer, value in zip(
+            self.buffers.snapshot_of(payload), values, strict=True
+        ):
+            extended.update(buffer, _updates.assign, args=(value,), group=False)
+        self.snapshot_gamma.assign(self._gamma.value.read_value())
+        self.snapshot_steps.assign(self._local_steps.value.read_value())
+        self._gamma.value.assign(0.0)
+        self._local_steps.value.assign(0)
+        self.armed.assign(0)
+        self.pending.assign(1)
+        return tf.constant(False)
+
+
+def build(add_variable, overlap: int, replicas: int, local_steps, interval, **parts):
+    """`Sequential`, or with `overlap` `Overlapped` (1) or `Delayed` (2 or
+    more) on several replicas (`parts`: their other arguments). The
+    variables of overlap are made with the optimizer's `add_variable`
+    whatever the number of replicas and steps (a checkpoint's variables do
+    not depend on them); on one replica nothing overlaps and they stay at
+    rest."""
     if not overlap:
         return Sequential(local_steps, interval)
     # 1 while the weights hold the local step an overlapped average ran
@@ -173,4 +334,18 @@ def build(add_variable, overlap: bool, replicas: int, local_steps, interval, **p
     )
     if replicas == 1:
         return Sequential(local_steps, interval, carried, full_at)
-    return Overlapped(local_steps, interval, carried=carried, full_at=full_at, **parts)
+    buffers = parts.pop("buffers")
+    if overlap == 1:
+        return Overlapped(
+            local_steps, interval, carried=carried, full_at=full_at, **parts
+        )
+    return Delayed(
+        local_steps,
+        interval,
+        carried=carried,
+        full_at=full_at,
+        iterations=parts["iterations"],
+        gamma=parts["gamma"],
+        buffers=buffers,
+        payload=parts["payload"],
+    )

@@ -144,7 +144,8 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             and steps <= interval
         ):
             _checks.warn_at_caller(
-                f"SkipCorrectionOptimizer(overlap=True) has no effect at "
+                f"SkipCorrectionOptimizer(overlap={optimizer.overlap!r}) has no "
+                "effect at "
                 f"interval={interval} with epochs of {steps} steps: every "
                 "average is the epoch-boundary average, which is never "
                 "overlapped, and the overlapped average's code only lengthens "

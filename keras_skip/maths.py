@@ -316,7 +316,8 @@ def simulate(
     outer_learning_rate: float = 1.0,
     compression: str | None = None,
     group_size: int = 1,
-    overlap: bool = False,
+    overlap: bool | int = False,
+    steps_per_execution: int = 1,
 ) -> SimulationResult:
     """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
 
@@ -356,7 +357,22 @@ def simulate(
             were before that step, and each replica keeps that step's own
             displacement on top of it. Boundary averages, an average due at
             a boundary step, and the pending average before a synchronous
-            step are full averages.
+            step are full averages. An integer ``k >= 2``: delayed
+            averages, as ``model.fit`` takes them with one step per
+            execution. The average due after a local step sends the weights
+            after it (a snapshot) and the next period starts there; its
+            mean lands by the same rule (:func:`overlapped_average`, the
+            correction updated on the snapshot with the snapshot period's
+            learning rates) before the first step at which the weights
+            hold ``k`` steps past the snapshot, or before a step that would
+            be due or synchronous, or before an epoch's last execution
+            (whose last step takes the boundary average) unless that is a
+            single step right after the snapshot, which lands at the
+            boundary.
+        steps_per_execution: With delayed averages: a mean lands only
+            between executions of this many steps (when the next execution
+            holds no due step), and an average is delayed only when the
+            interval is longer than an execution.
 
     Returns:
         A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
@@ -390,6 +406,9 @@ def simulate(
     # Overlap: x holds one local step's displacement that no average has
     # included yet (the step an overlapped average ran alongside).
     carried = False
+    # Delayed averages: the snapshot ``(x, slots, gamma)`` of the average on
+    # its way, or None.
+    delayed = None
 
     def do_average(include_slots=False):
         nonlocal x, c, slots, gamma, local, slots_apart, outer_slots, outer_steps
@@ -437,8 +456,38 @@ def simulate(
         slots_apart = bool(slots)
         gamma, carried = lr, True
 
+    def land_delayed():
+        nonlocal x, slots, gamma, local, slots_apart, x_start, delayed
+        (snapshot, snapshot_slots, snapshot_gamma), delayed = delayed, None
+        x_now, slots_now, gamma_now, local_now = x, slots, gamma, local
+        x, slots, gamma, local = snapshot, snapshot_slots, snapshot_gamma, 1
+        do_average()
+        x_start = x.copy()  # the next period starts from the (outer) average
+        x = overlapped_average(x, x_now, snapshot)
+        if optimizer_state == "local":
+            slots = slots_now
+        elif optimizer_state == "average":
+            slots = tuple(
+                overlapped_average(s, now, snap)
+                for s, now, snap in zip(slots, slots_now, snapshot_slots, strict=True)
+            )
+        slots_apart = bool(slots)
+        gamma, local = gamma_now, local_now
+
+    delay = 0 if isinstance(overlap, bool) else int(overlap)
     for t in range(steps):
         lr = lr_fn(t)
+        if (
+            delayed is not None
+            and t % steps_per_execution == 0
+            and (
+                local >= delay
+                or local + steps_per_execution >= interval_fn(t)
+                or is_synchronous_step(t, interval_fn(t), warmup_steps)
+                or local + _steps_to_boundary(t, steps_per_execution, boundaries) >= 2
+            )
+        ):
+            land_delayed()
         g = np.asarray(grad_fn(t, x), np.float64)
         if is_synchronous_step(t, interval_fn(t), warmup_steps):
             if local or slots_apart or carried:
@@ -448,7 +497,7 @@ def simulate(
             displacement, slots = inner.step(g_bar, x, slots, lr, t)
             x = x + displacement
         else:
-            if not local and not carried:
+            if not local and not carried and delayed is None:
                 x_start = x.copy()
             if group_size > 1:
                 g = group_mean(g, group_size)
@@ -459,11 +508,22 @@ def simulate(
             local += 1
             slots_apart = n > 1 and bool(slots)
             if average_due(local, interval_fn(t)):
-                if overlap and n > 1 and t + 1 not in boundaries:
+                if (
+                    delay >= 2
+                    and n > 1
+                    and t + 1 not in boundaries
+                    and delayed is None
+                    and interval_fn(t) > steps_per_execution
+                ):
+                    delayed = (x.copy(), slots, gamma)
+                    gamma, local = 0.0, 0
+                elif overlap and n > 1 and t + 1 not in boundaries:
                     do_overlapped_average(snapshot, snapshot_slots, snapshot_gamma, lr)
                 else:
                     do_average()
                 interval_averages += 1
+        if t + 1 in boundaries and delayed is not None:
+            land_delayed()
         if t + 1 in boundaries and (local or carried):
             do_average()
             boundary_averages += 1
@@ -479,6 +539,17 @@ def simulate(
         history,
         drifts,
     )
+
+
+def _steps_to_boundary(t: int, steps_per_execution: int, boundaries) -> int:
+    """The steps of the execution starting at step ``t`` if a boundary ends
+    it, else 0: its last step takes the boundary average (a full one), so
+    a delayed mean lands before it unless the execution is one step that
+    follows the snapshot right away."""
+    for count in range(1, steps_per_execution + 1):
+        if t + count in boundaries:
+            return count
+    return 0
 
 
 def group_mean(a: np.ndarray, group_size: int) -> np.ndarray:

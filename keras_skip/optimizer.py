@@ -15,6 +15,7 @@ from keras_skip import (
     _codecs,
     _compat,
     _drift,
+    _flight,
     _outer,
     _overlap,
     _replica_state,
@@ -125,17 +126,25 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             integer must divide the number of replicas on each worker, so
             that no group spans two machines. None or 1: every replica takes
             its own local steps.
-        overlap: Bool, default False. Overlapped averaging: the all-reduce
-            of an interval average runs while the local step it is due after
-            computes, instead of after it. It sends the weights as they were
-            before that step (a snapshot); each replica then takes the
-            snapshots' average plus its own step, `x_i <- x_bar_snapshot +
+        overlap: Bool or int, default False. Overlapped averaging: an
+            interval average's all-reduce runs while local steps compute,
+            instead of between them. `True` (or 1): it runs alongside the
+            step it is due after, sending the weights as they were before
+            that step (a snapshot); each replica then takes the snapshots'
+            average plus its own step, `x_i <- x_bar_snapshot +
             (x_i - x_i_snapshot)`, and updates its correction on the
-            snapshot. The all-reduce can only run alongside that one step
-            (Keras runs each step as its own function call); the replicas
-            stay apart by that step until the next average.
-            Averages at epoch boundaries (and wherever the interval is
-            overridden, as during the adaptive probe) stay full averages.
+            snapshot. An integer `k >= 2` (delayed averaging, in
+            `model.fit`): the average sends the weights after the step it
+            is due after, its all-reduce runs in a background thread while
+            the next steps compute, and its mean lands, by the same rule,
+            between two executions of the train function once at least `k`
+            local steps have run since (sooner if the next average could
+            fall due first). It needs an `interval` longer than
+            `steps_per_execution`; in a custom training loop the averages
+            run after their step. Either way the replicas stay apart by the
+            steps taken since the snapshot until the next average. Averages
+            at epoch boundaries (and wherever the interval is overridden,
+            as during the adaptive probe) stay full averages.
         name: Optional name of the optimizer.
 
     Example:
@@ -189,7 +198,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         compression = _arguments.check_compression(compression)
         group_size = _arguments.check_group_size(group_size)
         measure_drift = _checks.boolean("measure_drift", measure_drift)
-        overlap = _checks.boolean("overlap", overlap)
+        overlap_steps = _arguments.check_overlap(overlap)
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(_compat.creation_strategy(self))
         _compat.install_model_hook()
@@ -210,6 +219,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._group_size = group_size
         self._group = 1  # replicas per group, resolved when built
         self._overlap = overlap
+        self._overlap_steps = overlap_steps
+        # With overlap >= 2 on several replicas, the host side of delayed
+        # averages (`_flight.Flight`), made when built.
+        object.__setattr__(self, "_flight", None)
         self._initial_interval = interval
         self._model_state: list[tf.Variable] = []
         # Under several workers, the stop vote that every synchronization
@@ -279,8 +292,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return self._group_size
 
     @property
-    def overlap(self) -> bool:
-        """Whether interval averages overlap the step they are due after."""
+    def overlap(self) -> bool | int:
+        """As given: whether, or over how many local steps, an interval
+        average's all-reduce runs beside the steps."""
         return self._overlap
 
     @property
@@ -418,7 +432,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._drift = _drift.build(self.add_variable, self._measure_drift)
         self._schedule = _overlap.build(
             self.add_variable,
-            self._overlap,
+            self._overlap_steps,
             n,
             self._local_steps,
             self._interval_variable,
@@ -426,6 +440,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             gamma=self._gamma,
             codec=codec,
             payload=lambda: self._averager.payload(include_slots=False),
+            buffers=_overlap.Buffers(strategy),
         )
         self._build_votes(strategy)
         self._slots = _slots.build(
@@ -440,6 +455,18 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if self._correction:
             self._corrections = self.add_optimizer_variables(var_list, "correction")
         self._bind_step(corrected=bool(self._correction) and n > 1)
+        if isinstance(self._schedule, _overlap.Delayed):
+            flight = _flight.Flight(
+                strategy=strategy,
+                steps=self._overlap_steps,
+                schedule=self._schedule,
+                averager=self._averager,
+                codec=codec,
+                interval=self._interval_variable,
+                local_steps=self._local_steps,
+            )
+            object.__setattr__(self, "_flight", flight)
+            self._steering.before_vote = flight.land
         self._link_replica_state()
 
     def _bind_step(self, corrected: bool) -> None:
@@ -613,6 +640,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             return tf.distribute.get_replica_context().merge_call(
                 self._averager.average_if_pending
             )
+        if self._flight is not None:
+            self._flight.land()
         if self.local_steps_since_average == 0:
             return False
         with _compat.creation_strategy(self).scope():
@@ -656,6 +685,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     def save_own_variables(self, store):
         if not self.built:
             return  # no state yet: a model saved before training
+        if self._flight is not None:
+            self._flight.land()  # a save holds no average on its way
 
         def value_of(v):
             if v is self._interval_variable and self._steering.held:
@@ -677,6 +708,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 stacklevel=2,
             )
             return
+        if self._flight is not None:
+            self._flight.land()  # then overwritten: the saved state wins
         _replica_state.load(store, self.variables, self._per_replica_state(), self.name)
 
     # ------------------------------------------------------------------

@@ -14,6 +14,7 @@ operation each, cheap enough to run between any two executions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import keras
@@ -68,6 +69,9 @@ class Steering:
         self._strategy = strategy
         self._variables: dict | None = None
         self._outside: int | None = None
+        #: Called before a vote is cast: lands a delayed average on its way,
+        #: whose landing would otherwise count the vote as this worker's own.
+        self.before_vote: Callable[[], object] = lambda: None
 
     def bind(
         self,
@@ -191,7 +195,10 @@ class Steering:
     def vote_stop(self, vote: bool = True) -> None:
         """Sets this worker's stop vote, which the next synchronization
         carries to every worker (does nothing with a single worker)."""
-        for v in self._state("votes"):
+        votes = self._state("votes")
+        if votes:
+            self.before_vote()
+        for v in votes:
             write(v, 1.0 if vote else 0.0)
 
     def stop_votes(self) -> float:

@@ -228,6 +228,30 @@ def test_overlapped_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("local_devices", [1, 2])
+def test_delayed_averages_on_two_workers_equal_two_mirrored_replicas(
+    tmp_path, local_devices
+):
+    """overlap=3 at interval 4: with one device per worker the all-reduce
+    runs in a thread beside the next local steps (with two, right after the
+    execution that took the copy); the means land by the same rule as on
+    mirrored replicas of one process."""
+    config = dict(interval=4, momentum=0.5, epochs=2, overlap=3)
+    if local_devices == 1:
+        assert_two_workers_equal_two_mirrored_replicas(
+            tmp_path, config, "overlap", False
+        )
+        return
+    result = run_workers(tmp_path, 2, local_devices=2, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    # Worker w's device d trains on slot 2d + w of each global batch.
+    weights, _ = mirrored_reference(4, slots=[0, 2, 1, 3], **config)
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_a_delayed_worker_does_not_delay_its_peers_local_steps(tmp_path):
     """Worker 1 sleeps 2 s before its 4th step. At interval 8 worker 0's 4th
     step is local and does not wait; the wait surfaces at step 8's average.
@@ -307,13 +331,20 @@ def test_batch_logs_are_each_workers_own_and_epoch_logs_are_global(tmp_path):
         ({"stop_at": 5}, 8),  # mid-period: at the next average, step 8
         ({"stop_at": 16}, 16),  # the epoch's last step: settled at its end
         ({"stop_at_epoch": 0}, 16),  # in on_epoch_end, as EarlyStopping
+        # Delayed averages: the vote rides on the copy taken after step 8,
+        # whose mean lands before step 12.
+        ({"stop_at": 5, "overlap": 3}, 12),
     ],
-    ids=["mid-period", "last-step", "epoch-end"],
+    ids=["mid-period", "last-step", "epoch-end", "mid-period-delayed"],
 )
 def test_a_stop_on_one_worker_stops_both_at_the_same_step(tmp_path, stop, stopped_at):
     """Worker 1 alone sets stop_training (16 steps per epoch, interval 4);
     both workers stop after the same step, with identical weights."""
-    result = run_workers(tmp_path, 2, interval=4, epochs=3, workers={"1": stop})
+    stop = dict(stop)
+    overlap = stop.pop("overlap", False)
+    result = run_workers(
+        tmp_path, 2, interval=4, epochs=3, overlap=overlap, workers={"1": stop}
+    )
     assert result.ok, result.failure_report()
     assert "STOP REQUESTED" in result.workers[1].log
     results = outputs(tmp_path, 2)

@@ -175,7 +175,7 @@ options = st.fixed_dictionaries(
         "optimizer_state": st.sampled_from(["local", "average", "reset"]),
         "outer": st.sampled_from(sorted(OUTERS)),
         "compression": st.sampled_from([None, "bfloat16", "float16"]),
-        "overlap": st.booleans(),
+        "overlap": st.sampled_from([False, True, 2, 3]),
         "group_size": st.sampled_from([None, 2]),
         "warmup_steps": st.sampled_from([0, 3]),
         "steps_per_execution": st.sampled_from([1, 2, 4]),
@@ -212,6 +212,7 @@ def test_every_combination_keeps_the_invariants(drawn):
         outer=None if reference_outer is None else reference_outer(),
         outer_learning_rate=0.7,
         group_size=group_size,
+        steps_per_execution=spe,
         **drawn,
     )
     assert optimizer.averages_performed == expected.averages

@@ -359,13 +359,14 @@ def test_custom_loop_average_takes_the_pending_step():
     assert optimizer.average() is False
 
 
-def test_adaptive_interval_with_overlap_probes_full_averages():
+@pytest.mark.parametrize("overlap", [True, 3], ids=["one-step", "delayed"])
+def test_adaptive_interval_with_overlap_probes_full_averages(overlap):
     model, optimizer = train_keras(
         mirrored(REPLICAS),
         INNERS["sgd"][0],
         interval=1,
         correction=1.0,
-        overlap=True,
+        overlap=overlap,
         callbacks=[keras_skip.AdaptiveIntervalCallback(verbose=0, max_interval=2)],
     )
     decision = optimizer.interval_decision
@@ -394,7 +395,9 @@ def test_overlap_is_saved_in_the_config_and_checked(tmp_path):
     assert config["overlap"] is True
     with strategy.scope():
         assert keras_skip.SkipCorrectionOptimizer.from_config(config).overlap is True
-    with pytest.raises(TypeError, match=r"`overlap` must be True or False.*'yes'"):
+    with pytest.raises(
+        TypeError, match=r"`overlap` must be True, False or an integer.*'yes'"
+    ):
         keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(LR), overlap="yes")
 
 

@@ -147,10 +147,12 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
     from keras.src import tree
 
     strategy = self.distribute_strategy
-    if skip_optimizer(getattr(self, "optimizer", None)) is not None and (
+    optimizer = skip_optimizer(getattr(self, "optimizer", None))
+    read_locally = optimizer is not None and (
         getattr(iterator, "_keras_skip_read_locally", False)
         or read_epochs_locally(iterator, strategy)
-    ):
+    )
+    if read_locally:
         # The shapes come from the data's element spec: a batch taken from
         # the iterator several devices share would be missing from the
         # epoch, and one taken from a distributed iterator would leave that
@@ -159,6 +161,7 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         spec = iterator._keras_skip_element_spec if _needs_data(self) else None
         with strategy.scope():
             self._symbolic_build(data_batch=spec)
+        _note_reading(self, steps_exchange_nothing=True)
         return
     for _, _, it in iterator:
         batch = next(it)
@@ -173,6 +176,15 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+    _note_reading(self, steps_exchange_nothing=False)
+
+
+def _note_reading(model, steps_exchange_nothing: bool) -> None:
+    """Tells a delayed-average flight whether this `fit`'s steps exchange
+    nothing (no per-step agreement on whether data remains)."""
+    flight = getattr(skip_optimizer(getattr(model, "optimizer", None)), "_flight", None)
+    if flight is not None:
+        flight.steps_exchange_nothing = steps_exchange_nothing
 
 
 def _needs_data(model) -> bool:

@@ -118,10 +118,34 @@ def _local_logs(values, strategy):
 
 
 def _make_function(self, step_function):
+    function = _train_or_test_function(self, step_function)
+    if getattr(step_function, "__name__", None) != "train_step":
+        return function
+    model = self
+
+    def train_function(iterator):
+        # Delayed averages (overlap >= 2) land and start between executions.
+        optimizer = skip_optimizer(getattr(model, "optimizer", None))
+        flight = getattr(optimizer, "_flight", None)
+        if flight is None:
+            return function(iterator)
+        flight.before_execution(model.steps_per_execution)
+        try:
+            return function(iterator)
+        finally:
+            flight.after_execution()
+
+    train_function.traced_graphs = getattr(function, "traced_graphs", None)
+    return train_function
+
+
+def _train_or_test_function(self, step_function):
     strategy = self.distribute_strategy
     steps_per_execution = self.steps_per_execution
     if strategy.num_replicas_in_sync == 1 or (
-        steps_per_execution == 1 and not is_multi_worker(strategy)
+        steps_per_execution == 1
+        and not is_multi_worker(strategy)
+        and not _delays_averages(self)
     ):
         return _KERAS["_make_function"](self, step_function)
     graphs = []
@@ -145,6 +169,14 @@ def _make_function(self, step_function):
     #: their collectives).
     function.traced_graphs = graphs
     return function
+
+
+def _delays_averages(model) -> bool:
+    """Whether the model's optimizer delays averages (``overlap >= 2``): its
+    all-reduce then runs beside the steps, which must exchange nothing (the
+    logs of Keras' own function are reduced by a collective)."""
+    optimizer = skip_optimizer(getattr(model, "optimizer", None))
+    return getattr(optimizer, "_overlap_steps", 0) >= 2
 
 
 def _logs_reduction(model):

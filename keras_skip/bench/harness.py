@@ -125,6 +125,7 @@ def _worker_config(args: argparse.Namespace) -> dict:
         "outer_learning_rate": args.outer_learning_rate,
         "outer_momentum": args.outer_momentum,
         "compression": args.compression,
+        "overlap_steps": args.overlap_steps,
     }
 
 

@@ -70,7 +70,12 @@ def _option_label(method: str, args: argparse.Namespace) -> str:
     if "compress" in method:
         parts.append(f"{args.compression} averages")
     if "overlap" in method:
-        parts.append("overlapped averages")
+        steps = getattr(args, "overlap_steps", 1)
+        parts.append(
+            "overlapped averages"
+            if steps == 1
+            else f"averages overlapped over {steps} steps"
+        )
     return f"skip+correction, {', '.join(parts)} (interval {args.interval})"
 
 

@@ -123,6 +123,14 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
         help="wire type of the methods with compress",
     )
     add(
+        "--overlap-steps",
+        type=options.positive_int,
+        default=1,
+        help="local steps the methods with overlap let an average's "
+        "all-reduce run beside (SkipCorrectionOptimizer's overlap): 1 is "
+        "the step it is due after, more delays it (needs an interval longer)",
+    )
+    add(
         "--outer-momentum",
         type=options.fraction,
         default=0.9,

@@ -31,6 +31,7 @@ DEFAULTS = {
     "outer_learning_rate": 0.7,
     "outer_momentum": 0.9,
     "compression": "bfloat16",
+    "overlap_steps": 1,
     "stop_at": None,  # stop once validation accuracy reaches this
     "seed": 0,
     "peer_timeout": 60.0,
@@ -107,7 +108,7 @@ def build(config, strategy):
                 outer_optimizer=outer,
                 compression=config["compression"] if "compress" in method else None,
                 measure_drift=config["measure_drift"],
-                overlap="overlap" in method,
+                overlap=config["overlap_steps"] if "overlap" in method else False,
             )
         model.compile(
             optimizer=optimizer,

@@ -1,0 +1,223 @@
+"""Delayed averages on the host: a due average's all-reduce runs in a thread
+while the next local steps compute, and lands between two executions.
+
+With ``overlap=k`` (k >= 2) on several replicas, `model.fit` arms the graph
+before an execution; at the due step the graph copies what the average
+sends and starts the next period (`_overlap.Delayed`). After that execution
+a thread all-reduces the copy, with no variable the steps touch, and the
+train function goes on. Before each later execution the host decides, from
+the counters every worker shares, whether the mean must land now: once the
+weights hold at least `steps` local steps past the copy, before an
+execution that could reach the next due average, and before anything else
+that reads or averages the weights (`land`): a boundary average, a save, a
+stop vote. Landing waits for the thread, then applies
+``maths.overlapped_average`` on every replica; it exchanges nothing, so each
+worker lands on its own. One flight at a time: the graph is armed only when
+no copy is on its way and the interval is longer than an execution, so two
+averages can never fall due in one execution.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import tensorflow as tf
+
+from keras_skip import _checks, _compat, _overlap, _updates
+from keras_skip.steering import read, write
+
+
+class Flight:
+    """The host side of `_overlap.Delayed` for one optimizer.
+
+    `schedule`: the `Delayed` schedule; `averager`: the `_averager.Averager`;
+    `codec`: its codec; `steps`: the local steps an all-reduce may run
+    beside; `interval`, `local_steps`: the optimizer's variables.
+    """
+
+    def __init__(
+        self, *, strategy, steps: int, schedule, averager, codec, interval, local_steps
+    ):
+        self._strategy = strategy
+        self._steps = steps
+        self._schedule = schedule
+        self._averager = averager
+        self._codec = codec
+        self._interval = interval
+        self._local_steps = local_steps
+        self._armed = False
+        self._flying = False  # a copy's all-reduce started, its mean not landed
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._reduce = None
+        self._land = None
+        self._warned = False
+        #: Whether the train function's steps exchange nothing, so that an
+        #: all-reduce may run beside them: False under several workers that
+        #: agree at every step on whether data remains (`fit` sets it).
+        self.steps_exchange_nothing = not _compat.is_multi_worker(strategy)
+        #: Whether the all-reduce runs in a thread beside the steps. Only
+        #: across workers with one device each: an all-reduce between a
+        #: worker's own devices run beside its steps can wait for good (seen
+        #: with 4 logical CPU devices on 2 cores). Otherwise it runs right
+        #: after the execution that took the copy; the mean still lands by
+        #: the same rule, so training is the same, and nothing is hidden.
+        self.threaded = (
+            _compat.is_multi_worker(strategy)
+            and len(strategy.extended.worker_devices) == 1
+        )
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether an all-reduce started and its mean has not landed."""
+        return self._flying
+
+    def before_execution(self, steps_per_execution: int) -> None:
+        """Lands the mean if the coming execution needs it, then arms the
+        graph for the next copy if none is on its way."""
+        if self._flying:
+            local_steps = int(read(self._local_steps))
+            if local_steps >= self._steps or local_steps + steps_per_execution >= read(
+                self._interval
+            ):
+                self.land()
+        if not self._flying and not self._armed:
+            self._arm(steps_per_execution)
+
+    def after_execution(self) -> None:
+        """Starts the all-reduce of a copy the execution took."""
+        if self._armed and read(self._schedule.pending):
+            self._armed = False
+            self._start()
+
+    def land(self) -> bool:
+        """Waits for the all-reduce on its way, if any, and applies its mean
+        on every replica (eagerly). Returns whether one landed. Raises if
+        the all-reduce failed: the replicas then stay apart until the next
+        average."""
+        self.disarm()
+        if not self._flying:
+            return False
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._flying = False
+        error, self._error = self._error, None
+        if error is not None:
+            write(self._schedule.pending, 0)
+            raise RuntimeError(
+                "A delayed average (overlap) failed in its all-reduce: its "
+                "mean did not land, and the replicas differ until the next "
+                f"average. The cause: {error!r}"
+            ) from error
+        with self._strategy.scope():
+            if self._land is None:
+                self._land = tf.function(self._land_body, autograph=False)
+            self._land()
+        return True
+
+    def disarm(self) -> None:
+        """Takes back the graph's permission to copy an average (between
+        executions: a `fit` ended, or something outside `fit` may step)."""
+        if self._armed:
+            write(self._schedule.armed, 0)
+            self._armed = False
+
+    def _arm(self, steps_per_execution: int) -> None:
+        if not self.steps_exchange_nothing:
+            # Two collectives at once, from two threads, can wait on each
+            # other for good; the averages run after their step instead.
+            self._warn(
+                "the workers agree at every step on whether data remains (a "
+                "dataset of unknown length, or batches that do not fill "
+                "every execution); give `steps_per_epoch`, or data of known "
+                "length in full batches"
+            )
+            return
+        interval = int(read(self._interval))
+        if interval > steps_per_execution:
+            if not self._buffers_ready():
+                return
+            write(self._schedule.armed, 1)
+            self._armed = True
+        elif interval > 1:
+            self._warn(
+                f"the interval ({interval}) is not longer than "
+                f"steps_per_execution ({steps_per_execution})"
+            )
+
+    def _warn(self, reason: str) -> None:
+        if not self._warned:
+            self._warned = True
+            _checks.warn_at_caller(
+                f"overlap={self._steps}: {reason}. Averages run after their "
+                "step instead of beside the next ones."
+            )
+
+    def _buffers_ready(self) -> bool:
+        buffers: _overlap.Buffers = self._schedule.buffers
+        if not buffers.ready:
+            weights, _, payload = self._averager.payload(include_slots=False)
+            buffers.create(
+                weights, payload[len(weights) :], self._codec.wire_types(weights)
+            )
+            # A train function traced before the buffers existed takes no
+            # copies (it averages after the step); the next trace will.
+        return True
+
+    def _start(self) -> None:
+        with self._strategy.scope():
+            if self._reduce is None:
+                # Traced here, at the same point on every worker: the
+                # collective's keys then agree.
+                self._reduce = tf.function(self._reduce_body, autograph=False)
+                self._reduce.get_concrete_function()
+        reduce = self._reduce
+        strategy = self._strategy
+
+        def run():
+            try:
+                with strategy.scope():
+                    reduce()
+            except BaseException as error:  # re-raised by `land`
+                self._error = error
+
+        self._flying = True
+        if not self.threaded:
+            run()
+            return
+        self._thread = threading.Thread(
+            target=run, name="keras-skip-delayed-average", daemon=True
+        )
+        self._thread.start()
+
+    def _reduce_body(self):
+        distribution = tf.distribute.get_strategy()
+        extended = distribution.extended
+        weights, _, payload = self._averager.payload(include_slots=False)
+        buffers = self._schedule.buffers
+        values = buffers.read(distribution, buffers.snapshot_of(payload))
+        rest = payload[len(weights) :]
+        per_replica = self._codec.send(
+            distribution, weights, rest, tf.constant(True), values
+        )
+        means = self._codec.reduce(distribution, weights, rest, per_replica)
+        for buffer, mean in zip(buffers.means_of(payload), means, strict=True):
+            extended.update(buffer, _updates.assign, args=(mean,), group=False)
+
+    def _land_body(self):
+        distribution = tf.distribute.get_strategy()
+        _, _, payload = self._averager.payload(include_slots=False)
+        buffers = self._schedule.buffers
+        snapshot = buffers.read(distribution, buffers.snapshot_of(payload))
+        means = buffers.read(distribution, buffers.means_of(payload))
+        sent = _overlap.Sent(
+            due=tf.constant(True),
+            overlapped=tf.constant(True),
+            moved=tf.constant(True),
+            gamma=self._schedule.snapshot_gamma.read_value(),
+            snapshot=snapshot,
+            means=means,
+        )
+        self._averager.average_delayed(distribution, sent)
+        self._schedule.pending.assign(0)
