@@ -136,8 +136,7 @@ class Flight:
             return
         interval = int(read(self._interval))
         if interval > steps_per_execution:
-            if not self._buffers_ready():
-                return
+            self._create_buffers()
             write(self._schedule.armed, 1)
             self._armed = True
         elif interval > 1:
@@ -154,16 +153,17 @@ class Flight:
                 "step instead of beside the next ones."
             )
 
-    def _buffers_ready(self) -> bool:
+    def _create_buffers(self) -> None:
+        """The payload's buffers, once (eagerly). A train function traced
+        before they existed takes no copies (it averages after the step);
+        the next trace will."""
         buffers: _overlap.Buffers = self._schedule.buffers
-        if not buffers.ready:
-            weights, _, payload = self._averager.payload(include_slots=False)
-            buffers.create(
-                weights, payload[len(weights) :], self._codec.wire_types(weights)
-            )
-            # A train function traced before the buffers existed takes no
-            # copies (it averages after the step); the next trace will.
-        return True
+        if buffers.ready:
+            return
+        weights, _, payload = self._averager.payload(include_slots=False)
+        buffers.create(
+            weights, payload[len(weights) :], self._codec.wire_types(weights)
+        )
 
     def _start(self) -> None:
         with self._strategy.scope():
