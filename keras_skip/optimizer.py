@@ -136,10 +136,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             snapshot. An integer `k >= 2` (delayed averaging, in
             `model.fit`): the average sends the weights after the step it
             is due after, its all-reduce runs in a background thread while
-            the next steps compute, and its mean lands, by the same rule,
-            between two executions of the train function once at least `k`
-            local steps have run since (sooner if the next average could
-            fall due first). It needs an `interval` longer than
+            the next steps compute (under `MultiWorkerMirroredStrategy` with
+            one device per worker and data of known length; elsewhere right
+            after the execution that took the snapshot, hiding nothing), and
+            its mean lands between two executions of the train function
+            once at least `k` local steps have run since (sooner if the
+            next average could fall due first). It needs an `interval` longer than
             `steps_per_execution`; in a custom training loop the averages
             run after their step. Either way the replicas stay apart by the
             steps taken since the snapshot until the next average. Averages

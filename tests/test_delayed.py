@@ -144,8 +144,8 @@ def test_delayed_with_identical_replicas_is_one_replica(
 
 def test_a_delay_changes_the_path_and_lands_after_its_steps():
     """Interval 4, delay 2, 12 steps without boundaries: averages are due
-    after steps 4 and 8 (1-based) and land before steps 7 and 11; between,
-    replicas stay apart, and they differ from the plain run."""
+    after steps 4 and 8 (1-based) and land before steps 7 and 11; until
+    then replicas stay apart, and the path differs from the plain run."""
     rng = np.random.default_rng(0)
     grads = rng.normal(size=(12, 3, 2))
     x0 = np.zeros(2)
@@ -157,9 +157,7 @@ def test_a_delay_changes_the_path_and_lands_after_its_steps():
     # Plain: identical right after each average (steps 4, 8 and 12).
     for t in (3, 7, 11):
         np.testing.assert_allclose(plain.history[t] - plain.history[t].mean(0), 0)
-    # Delayed: apart after step 4 and still after step 6 (the mean is on its
-    # way), then landed before step 7: after it replicas differ by step 7's
-    # local step only.
+    # Delayed: still apart after step 4 and after step 6, the mean on its way.
     assert np.ptp(delayed.history[3], axis=0).max() > 1e-3
     assert np.ptp(delayed.history[5], axis=0).max() > 1e-3
 
