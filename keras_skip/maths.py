@@ -517,7 +517,7 @@ def simulate(
                 ):
                     delayed = (x.copy(), slots, gamma)
                     gamma, local = 0.0, 0
-                elif overlap and n > 1 and t + 1 not in boundaries:
+                elif overlap and delay < 2 and n > 1 and t + 1 not in boundaries:
                     do_overlapped_average(snapshot, snapshot_slots, snapshot_gamma, lr)
                 else:
                     do_average()

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import components, max_replica_spread, mirrored
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from test_against_reference import (
     EPOCHS,
@@ -192,6 +192,22 @@ options = st.fixed_dictionaries(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(options)
+# An integer overlap that cannot delay (interval 2, two steps per execution)
+# averages after the step, as without overlap.
+@example(
+    {
+        "inner": "sgd",
+        "interval": 2,
+        "correction": 0.5,
+        "optimizer_state": "local",
+        "outer": "nesterov",
+        "compression": None,
+        "overlap": 3,
+        "group_size": 2,
+        "warmup_steps": 3,
+        "steps_per_execution": 2,
+    }
+)
 def test_every_combination_keeps_the_invariants(drawn):
     drawn = dict(drawn)
     inner = drawn.pop("inner")
