@@ -161,7 +161,7 @@ class Averager:
         at, if not the current one."""
         codec = self._codec
         gamma = self._gamma.value if gamma is None else gamma
-        scale = tf.math.divide_no_nan(tf.constant(self._correction, tf.float32), gamma)
+        scale = tf.math.divide_no_nan(tf.constant(self._correction, gamma.dtype), gamma)
         rest = payload[len(weights) :]
         self._bytes.value.assign_add(codec.bytes(weights, rest))
         self._drift.record(

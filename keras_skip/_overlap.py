@@ -155,6 +155,13 @@ class Overlapped(Sequential):
         self.carried.value.assign(1 if overlapped else 0)
 
 
+#: Wire types whose means are held in a wider type: a variable made under
+#: MultiWorkerMirroredStrategy is broadcast from the chief at creation, and
+#: TensorFlow's collective broadcast has no bfloat16 kernel. float32 holds a
+#: bfloat16 value exactly.
+_HELD_AS = {tf.bfloat16: tf.float32}
+
+
 class Buffers:
     """What a delayed average sends, per payload variable: each replica's
     copy (`snapshot_of`) and, once the all-reduce is done, the means
@@ -180,7 +187,7 @@ class Buffers:
                 key = id(v)
                 if key in self._snapshots:
                     continue
-                dtype = dtype or v.dtype
+                dtype = _HELD_AS.get(dtype, dtype or v.dtype)
                 self._snapshots[key] = _buffer(v.shape, v.dtype, "snapshot")
                 self._means[key] = _buffer(v.shape, dtype, "mean")
 
@@ -254,7 +261,7 @@ class Delayed(Sequential):
         with buffers.strategy.scope():
             self.armed = _buffer((), tf.int64, "armed")
             self.pending = _buffer((), tf.int64, "pending")
-            self.snapshot_gamma = _buffer((), tf.float32, "gamma")
+            self.snapshot_gamma = _buffer((), gamma.dtype, "gamma")
             self.snapshot_steps = _buffer((), tf.int64, "steps")
 
     def carried_steps(self) -> int:

@@ -11,10 +11,28 @@ from __future__ import annotations
 
 import functools
 
+import keras
 import tensorflow as tf
 
 from keras_skip import _compat, _updates
 from keras_skip.steering import tf_variable
+
+
+def build_counters(add_variable, interval: int, inner) -> tuple:
+    """The step's state, as optimizer variables in the checkpoint's order: the
+    interval, the learning rates' sum since the period began (in `inner`'s
+    learning-rate type), the local steps since the last average, and the
+    counts of averages, synchronous steps and bytes sent."""
+    counter = functools.partial(add_variable, (), dtype="int64")
+    start = keras.initializers.Constant(interval)
+    return (
+        add_variable((), initializer=start, dtype="int64", name="interval"),
+        add_variable((), dtype=_updates.learning_rate_dtype(inner), name="gamma"),
+        counter(name="local_steps"),
+        counter(name="averages"),
+        counter(name="synchronous_steps"),
+        counter(name="bytes_sent"),
+    )
 
 
 def gradients(inner, grads, n: int) -> tuple[list, list]:

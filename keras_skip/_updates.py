@@ -9,6 +9,7 @@ optimizer is read here.
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from keras_skip import _compat
@@ -110,6 +111,16 @@ def add_scaled(variable, correction, lr):
     )
 
 
+def learning_rate_dtype(optimizer) -> str:
+    """The type of `optimizer`'s learning rate: its variable's (Keras' float
+    type when the optimizer was made), or Keras' float type for a schedule.
+    The learning rates' sum since an average is kept in it, so that a
+    float64 model's correction is scaled in float64."""
+    rate = getattr(optimizer, "_learning_rate", None)
+    dtype = getattr(rate, "dtype", None)
+    return str(tf.as_dtype(dtype).name) if dtype else keras.backend.floatx()
+
+
 def add_learning_rate(gamma, lr):
 
     return gamma.assign_add(tf.cast(lr, gamma.dtype))
@@ -117,6 +128,11 @@ def add_learning_rate(gamma, lr):
 
 def assign(variable, value):
     return variable.assign(value)
+
+
+def assign_as(variable, value):
+    """`value` into `variable`, cast to the variable's type."""
+    return variable.assign(tf.cast(value, variable.dtype))
 
 
 def add(variable, value):

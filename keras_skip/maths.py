@@ -52,8 +52,17 @@ class InnerOptimizer(NamedTuple):
     step: Callable[..., tuple[np.ndarray, tuple[np.ndarray, ...]]]
 
 
+def as_keras_casts(value: float) -> float:
+    """``value`` as Keras' optimizers use a Python float hyperparameter:
+    ``ops.cast(value, variable.dtype)`` makes a float32 tensor of it first, so
+    a float64 model steps with the float32 value too."""
+    return float(np.float32(value))
+
+
 def sgd(momentum: float = 0.0, nesterov: bool = False) -> InnerOptimizer:
-    """``keras.optimizers.SGD``: ``m <- mu m - lr g``; ``x <- x + m``."""
+    """``keras.optimizers.SGD``: ``m <- mu m - lr g``; ``x <- x + m``, with
+    ``mu`` rounded to float32 as Keras does (:func:`as_keras_casts`)."""
+    mu = as_keras_casts(momentum)
 
     def init(x):
         return (np.zeros_like(x),) if momentum else ()
@@ -62,8 +71,8 @@ def sgd(momentum: float = 0.0, nesterov: bool = False) -> InnerOptimizer:
         if not momentum:
             return -lr * g, slots
         (m,) = slots
-        m = momentum * m - lr * g
-        displacement = momentum * m - lr * g if nesterov else m
+        m = mu * m - lr * g
+        displacement = mu * m - lr * g if nesterov else m
         return displacement, (m,)
 
     return InnerOptimizer(init, step)
@@ -75,16 +84,25 @@ def adam(
     epsilon: float = 1e-7,
     weight_decay: float | None = None,
 ) -> InnerOptimizer:
-    """``keras.optimizers.Adam`` (``AdamW`` when ``weight_decay`` is set)."""
+    """``keras.optimizers.Adam`` (``AdamW`` when ``weight_decay`` is set).
+
+    The bias correction and the decay use ``beta_1``, ``beta_2`` and
+    ``weight_decay`` rounded to float32, as Keras does
+    (:func:`as_keras_casts`): with the exact betas the first steps would
+    differ by a relative 2.4e-7, enough to round a 16-bit payload value
+    the other way.
+    """
+    b1, b2 = as_keras_casts(beta_1), as_keras_casts(beta_2)
+    wd = as_keras_casts(weight_decay) if weight_decay else None
 
     def init(x):
         return (np.zeros_like(x), np.zeros_like(x))
 
     def step(g, x, slots, lr, t):
         m, v = slots
-        decay = -x * weight_decay * lr if weight_decay else 0.0
+        decay = -x * wd * lr if wd else 0.0
         x_decayed = x + decay
-        alpha = lr * math.sqrt(1 - beta_2 ** (t + 1)) / (1 - beta_1 ** (t + 1))
+        alpha = lr * math.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
         m = m + (g - m) * (1 - beta_1)
         v = v + (g * g - v) * (1 - beta_2)
         x_new = x_decayed - alpha * m / (np.sqrt(v) + epsilon)

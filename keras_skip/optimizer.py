@@ -430,7 +430,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         )
         object.__setattr__(self, "_codec", codec)
         self._outer = _outer.build_outer_step(self.outer_optimizer, self._period)
-        self._build_counters()
+        (
+            self._interval_variable,
+            self._gamma,
+            self._local_steps,
+            self._averages,
+            self._synchronous,
+            self._bytes,
+        ) = _step.build_counters(
+            self.add_variable, self._initial_interval, self.inner_optimizer
+        )
         self._drift = _drift.build(self.add_variable, self._measure_drift)
         self._schedule = _overlap.build(
             self.add_variable,
@@ -524,23 +533,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             carried=self._schedule.carried,
             full_at=self._schedule.full_at,
         )
-
-    def _build_counters(self) -> None:
-        """The interval, the learning rates' sum since the period began, and
-        the counters."""
-        self._interval_variable = self.add_variable(
-            (),
-            initializer=keras.initializers.Constant(self._initial_interval),
-            dtype="int64",
-            name="interval",
-        )
-        self._gamma = self.add_variable((), dtype="float32", name="gamma")
-        self._local_steps = self.add_variable((), dtype="int64", name="local_steps")
-        self._averages = self.add_variable((), dtype="int64", name="averages")
-        self._synchronous = self.add_variable(
-            (), dtype="int64", name="synchronous_steps"
-        )
-        self._bytes = self.add_variable((), dtype="int64", name="bytes_sent")
 
     def _build_votes(self, strategy) -> None:
         if _compat.is_multi_worker(strategy):

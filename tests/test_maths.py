@@ -409,10 +409,12 @@ def test_slot_policies(problem, data, lr):
     local = maths.simulate(
         x0, fixed_grads(grads), inner=maths.sgd(0.9), optimizer_state="local", **kw
     )
-    # Each replica's momentum is its own exponential sum of its own gradients.
+    # Each replica's momentum is its own exponential sum of its own gradients
+    # (with Keras' float32 momentum).
+    mu = float(np.float32(0.9))
     expected = np.zeros((n, dim))
     for t in range(steps):
-        expected = 0.9 * expected - lr * grads[t]
+        expected = mu * expected - lr * grads[t]
     np.testing.assert_allclose(local.slots[0], expected, atol=1e-9)
 
 

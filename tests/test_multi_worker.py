@@ -210,8 +210,20 @@ def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
 
 
 @pytest.mark.slow
-def test_compressed_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path):
-    config = dict(interval=3, momentum=0.5, epochs=2, compression="bfloat16")
+@pytest.mark.parametrize("overlap", [False, 3])
+def test_compressed_averages_on_two_workers_equal_two_mirrored_replicas(
+    tmp_path, overlap
+):
+    """bfloat16 averages, also delayed (overlap=3 at interval 4), whose
+    buffers are made under the strategy, which broadcasts them from the
+    chief."""
+    config = dict(
+        interval=4 if overlap else 3,
+        momentum=0.5,
+        epochs=2,
+        compression="bfloat16",
+        overlap=overlap,
+    )
     assert_two_workers_equal_two_mirrored_replicas(
         tmp_path, config, "compression", None
     )
