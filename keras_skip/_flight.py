@@ -105,11 +105,7 @@ class Flight:
         error, self._error = self._error, None
         if error is not None:
             write(self._schedule.pending, 0)
-            raise RuntimeError(
-                "A delayed average (overlap) failed in its all-reduce: its "
-                "mean did not land, and the replicas differ until the next "
-                f"average. The cause: {error!r}"
-            ) from error
+            raise _failure(error) from error
         with self._strategy.scope():
             if self._land is None:
                 self._land = tf.function(self._land_body, autograph=False)
@@ -221,3 +217,36 @@ class Flight:
         )
         self._averager.average_delayed(distribution, sent)
         self._schedule.pending.assign(0)
+
+
+#: What a collective raises when a peer worker stopped or cannot be reached
+#: (heartbeats missed, a socket closed, the collective aborted).
+_PEER_LOST = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.CancelledError,
+    tf.errors.AbortedError,
+)
+
+
+def _failure(error: BaseException) -> RuntimeError:
+    """The error `land` raises for an all-reduce that failed with `error`."""
+    if isinstance(error, _PEER_LOST):
+        return RuntimeError(
+            "A peer worker stopped or became unreachable while a delayed "
+            "average (overlap) was on its way: its all-reduce failed, and "
+            "this worker cannot train on without that peer. Restart every "
+            "worker with the same command; with keras_skip.BackupAndRestore "
+            "among the callbacks they resume from the last epoch every worker "
+            f"backed up, exactly. The cause: {_describe(error)}"
+        )
+    return RuntimeError(
+        "A delayed average (overlap) failed in its all-reduce: its mean did "
+        "not land, and the replicas differ until the next average. The "
+        f"cause: {_describe(error)}"
+    )
+
+
+def _describe(error: BaseException) -> str:
+    # A TensorFlow error's repr holds no message ("UnavailableError()").
+    return f"{type(error).__name__}: {error}"

@@ -336,6 +336,26 @@ def test_a_save_while_a_mean_is_on_its_way_lands_it_first(tmp_path):
     assert optimizer.averages_performed == expected.averages
 
 
+def test_an_all_reduce_that_fails_is_raised_in_fit(monkeypatch):
+    """The all-reduce fails when it runs (not when it is traced); `fit`
+    raises at the landing, with the cause's message (a TensorFlow error's
+    repr has none). A peer lost in flight: `test_multi_worker.py`, with real
+    processes."""
+    from keras_skip import _flight
+
+    def boom():
+        raise ValueError("injected")
+
+    def failing(self):
+        tf.py_function(boom, [], [])
+
+    monkeypatch.setattr(_flight.Flight, "_reduce_body", failing)
+    message = r"(?s)failed in its all-reduce.*The cause: \w+Error: .*injected"
+    with pytest.raises(RuntimeError, match=message) as raised:
+        train_keras(mirrored(REPLICAS), INNERS["sgd"][0], interval=3, overlap=2)
+    assert "ValueError: injected" in str(raised.value)
+
+
 def test_overlap_steps_are_saved_in_the_config_and_checked():
     strategy = mirrored(2)
     with strategy.scope():

@@ -434,6 +434,33 @@ def test_dead_peer_ends_the_survivor_within_the_peer_timeout(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_peer_dead_while_a_delayed_average_flies_is_a_clear_error(tmp_path):
+    """overlap=3 at interval 4: worker 1 sleeps before its 4th step, whose
+    copy worker 0 sends alone, and is killed; worker 0 steps on while its
+    all-reduce waits, then fails when the mean must land."""
+    result = run_workers(
+        tmp_path,
+        2,
+        timeout=120,
+        interval=4,
+        overlap=3,
+        epochs=2,
+        peer_timeout=2.0,
+        workers={"1": {"delay": [3, 60]}},
+        kill=launcher.Kill(worker=1, when="STEP 3", delay=1.0),
+    )
+    assert not result.timed_out, result.failure_report()
+    survivor = result.workers[0]
+    assert survivor.returncode != 0
+    assert "peer worker stopped or became unreachable" in survivor.log
+    assert "STEP 6" in survivor.log  # it stepped on while the copy flew
+    assert survivor.seconds - result.killed_at < 20, (
+        survivor.seconds,
+        result.killed_at,
+    )
+
+
+@pytest.mark.slow
 def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path):
     config = dict(interval=3, momentum=0.5, epochs=3, peer_timeout=2.0)
     reference = tmp_path / "reference"
