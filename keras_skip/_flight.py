@@ -219,6 +219,15 @@ class Flight:
         self._schedule.pending.assign(0)
 
 
+def land_before_checkpoint(flight: Flight | None, save_type: str) -> None:
+    """Lands a mean on its way before `tf.train.Checkpoint` reads the
+    optimizer's state: it walks the objects to save (`_trackable_children`)
+    before it reads any value, so the file holds no half-finished average.
+    A restore walks them too, and its values then overwrite the landed ones."""
+    if flight is not None and save_type == "checkpoint" and tf.executing_eagerly():
+        flight.land()
+
+
 #: What a collective raises when a peer worker stopped or cannot be reached
 #: (heartbeats missed, a socket closed, the collective aborted).
 _PEER_LOST = (

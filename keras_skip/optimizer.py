@@ -676,6 +676,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             self.variables, corrections, self._slots.slots()
         )
 
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        _flight.land_before_checkpoint(self._flight, save_type)
+        return super()._trackable_children(save_type, **kwargs)
+
     def save_own_variables(self, store):
         if not self.built:
             return  # no state yet: a model saved before training

@@ -15,6 +15,7 @@ from test_against_reference import (
     REPLICAS,
     assert_relative,
     corrections_of,
+    linear_model,
     make_data,
     reference,
     train_keras,
@@ -334,6 +335,54 @@ def test_a_save_while_a_mean_is_on_its_way_lands_it_first(tmp_path):
     expected = reference(INNERS["sgd"][1](), **skip)
     assert_relative(weights_of(model), expected.x)
     assert optimizer.averages_performed == expected.averages
+
+
+class _CheckpointMidFlight(keras.callbacks.Callback):
+    """Writes a raw `tf.train.Checkpoint` after `batch`; records whether a
+    mean was on its way before and after, and every replica's weights and
+    corrections right after the write."""
+
+    def __init__(self, path, batch):
+        super().__init__()
+        self.path, self.batch, self.seen, self.state = path, batch, None, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch and self.seen is None:
+            optimizer = self.model.optimizer
+            before = optimizer._flight.in_flight
+            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=optimizer)
+            checkpoint.write(str(self.path))
+            self.seen = (before, optimizer._flight.in_flight)
+            self.state = (weights_of(self.model), corrections_of(optimizer))
+
+
+def test_a_raw_checkpoint_while_a_mean_is_on_its_way_lands_it_first(tmp_path):
+    """As a `.keras` save: a `tf.train.Checkpoint` written mid-flight lands
+    the mean first, and restores into a new model and optimizer every
+    replica's corrections as they were right after it, and the model's
+    weights as TensorFlow saves a mirrored variable: replica 0's copy."""
+    path = tmp_path / "mid"
+    write = _CheckpointMidFlight(path, batch=4)
+    skip = dict(interval=4, correction=1.0, overlap=3)
+    model, _ = train_keras(
+        mirrored(REPLICAS), INNERS["sgd"][0], callbacks=[write], **skip
+    )
+    assert write.seen == (True, False)
+    expected = reference(INNERS["sgd"][1](), **skip)
+    assert_relative(weights_of(model), expected.x)
+    with mirrored(REPLICAS).scope():
+        restored = linear_model()
+        again = keras_skip.SkipCorrectionOptimizer(INNERS["sgd"][0](), **skip)
+        restored.compile(optimizer=again, loss="mse")
+        again.build(restored.trainable_variables)
+    tf.train.Checkpoint(model=restored, optimizer=again).read(str(path))
+    assert again.averages_performed == 1
+    weights, corrections = write.state
+    np.testing.assert_array_equal(
+        weights_of(restored), np.broadcast_to(weights[:1], weights.shape)
+    )
+    np.testing.assert_array_equal(corrections_of(again), corrections)
+    assert np.abs(corrections - corrections[:1]).max() > 0  # each replica's own
 
 
 def test_an_all_reduce_that_fails_is_raised_in_fit(monkeypatch):
