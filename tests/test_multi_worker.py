@@ -460,9 +460,28 @@ def test_a_peer_dead_while_a_delayed_average_flies_is_a_clear_error(tmp_path):
     )
 
 
+#: Worker 1 is killed in epoch 2: at its start, or (delayed averages,
+#: interval 4, 16 steps an epoch) asleep before its 36th step, whose copy
+#: worker 0 sends alone, so that the survivor fails with a mean in flight.
+KILLED_IN_EPOCH_2 = {
+    "plain": (
+        dict(interval=3),
+        {"pause_epoch": 2, "pause_seconds": 60},
+        launcher.Kill(worker=1, when="EPOCH 2 BEGIN"),
+    ),
+    "delayed-in-flight": (
+        dict(interval=4, overlap=3),
+        {"delay": [35, 60]},
+        launcher.Kill(worker=1, when="STEP 35", delay=1.0),
+    ),
+}
+
+
 @pytest.mark.slow
-def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path):
-    config = dict(interval=3, momentum=0.5, epochs=3, peer_timeout=2.0)
+@pytest.mark.parametrize("case", sorted(KILLED_IN_EPOCH_2))
+def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path, case):
+    options, worker_1, kill = KILLED_IN_EPOCH_2[case]
+    config = dict(momentum=0.5, epochs=3, peer_timeout=2.0, **options)
     reference = tmp_path / "reference"
     reference.mkdir()
     result = run_workers(reference, 2, **config)
@@ -473,14 +492,12 @@ def test_kill_and_restart_resumes_from_the_backup_exactly(tmp_path):
     attempt = tmp_path / "attempt"
     attempt.mkdir()
     killed = run_workers(
-        attempt,
-        2,
-        backup_dir=backup,
-        workers={"1": {"pause_epoch": 2, "pause_seconds": 60}},
-        kill=launcher.Kill(worker=1, when="EPOCH 2 BEGIN"),
-        **config,
+        attempt, 2, backup_dir=backup, workers={"1": worker_1}, kill=kill, **config
     )
     assert not killed.timed_out and not killed.ok, killed.failure_report()
+    assert "EPOCH 2 BEGIN" in killed.workers[0].log
+    if "overlap" in options:
+        assert "peer worker stopped or became unreachable" in killed.workers[0].log
     # Epochs 0 and 1 were backed up; restarting resumes at epoch 2.
     restarted = run_workers(
         attempt, 2, backup_dir=backup, log_dir=attempt / "logs2", **config
