@@ -24,6 +24,8 @@ class Dense:
 
     #: Per replica and trainable variable, what has not been sent yet.
     errors: tuple = ()
+    #: The all-reduces one average makes: one batch of the payload.
+    all_reduces = 1
 
     def wire_types(self, weights) -> list:
         """The types of the weights' part of a payload where they are not the
@@ -75,6 +77,9 @@ class Dense:
 class Compressed(Dense):
     """Sends each weight's update since the period began plus what earlier
     rounds did not send, rounded to `dtype`; keeps the rounding's loss."""
+
+    #: The 16-bit weights, then the rest of the payload in its own types.
+    all_reduces = 2
 
     def __init__(
         self,

@@ -57,14 +57,18 @@ class Flight:
         #: agree at every step on whether data remains (`fit` sets it).
         self.steps_exchange_nothing = not _compat.is_multi_worker(strategy)
         #: Whether the all-reduce runs in a thread beside the steps. Only
-        #: across workers with one device each: an all-reduce between a
-        #: worker's own devices run beside its steps can wait for good (seen
-        #: with 4 logical CPU devices on 2 cores). Otherwise it runs right
-        #: after the execution that took the copy; the mean still lands by
-        #: the same rule, so training is the same, and nothing is hidden.
+        #: across workers with one device each, and for an average of one
+        #: all-reduce: an all-reduce between a worker's own devices run
+        #: beside its steps can wait for good (seen with 4 logical CPU
+        #: devices on 2 cores), and so can a compressed average's two (the
+        #: 16-bit weights, then the rest in its own types; seen with two
+        #: workers on 2 busy cores). Otherwise it runs right after the
+        #: execution that took the copy; the mean still lands by the same
+        #: rule, so training is the same, and nothing is hidden.
         self.threaded = (
             _compat.is_multi_worker(strategy)
             and len(strategy.extended.worker_devices) == 1
+            and codec.all_reduces == 1
         )
 
     @property

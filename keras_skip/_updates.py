@@ -116,8 +116,7 @@ def learning_rate_dtype(optimizer) -> str:
     type when the optimizer was made), or Keras' float type for a schedule.
     The learning rates' sum since an average is kept in it, so that a
     float64 model's correction is scaled in float64."""
-    rate = getattr(optimizer, "_learning_rate", None)
-    dtype = getattr(rate, "dtype", None)
+    dtype = getattr(_compat.learning_rate_variable(optimizer), "dtype", None)
     return str(tf.as_dtype(dtype).name) if dtype else keras.backend.floatx()
 
 

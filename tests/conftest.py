@@ -9,15 +9,20 @@ os.environ["KERAS_BACKEND"] = "tensorflow"
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import settings
+
+try:  # the oldest-versions environment runs the suite's core without it
+    from hypothesis import settings
+except ImportError:
+    settings = None
 
 # The suite draws the same examples on every run and every clean clone (for
 # a pinned Hypothesis; see pyproject.toml), so it passes or fails by the code
 # alone. `pytest --hypothesis-profile=explore` draws new examples each run;
 # a failure it finds is added to its test as an explicit `@example`.
-settings.register_profile("deterministic", derandomize=True, print_blob=True)
-settings.register_profile("explore", derandomize=False, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+if settings is not None:
+    settings.register_profile("deterministic", derandomize=True, print_blob=True)
+    settings.register_profile("explore", derandomize=False, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 LOGICAL_DEVICES = 4
 

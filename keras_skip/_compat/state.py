@@ -64,6 +64,9 @@ OPTIMIZER_SUBCLASS_PROTOCOL = (
     "_trainable_variables",  # the variables `build` was given
     "_var_key",  # a variable's key
     "_variables",  # the optimizer's own variables
+    # TensorFlow's `Trackable`, below Keras' optimizer: overridden to land a
+    # delayed average before `tf.train.Checkpoint` reads the state.
+    "_trackable_children",
 )
 
 
