@@ -203,7 +203,7 @@ class Flight:
         )
         means = self._codec.reduce(distribution, weights, rest, per_replica)
         for buffer, mean in zip(buffers.means_of(payload), means, strict=True):
-            extended.update(buffer, _updates.assign_as, args=(mean,), group=False)
+            extended.update(buffer, _updates.assign, args=(mean,), group=False)
 
     def _land_body(self):
         distribution = tf.distribute.get_strategy()

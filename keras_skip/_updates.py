@@ -126,11 +126,8 @@ def add_learning_rate(gamma, lr):
 
 
 def assign(variable, value):
-    return variable.assign(value)
-
-
-def assign_as(variable, value):
-    """`value` into `variable`, cast to the variable's type."""
+    """`value` into `variable`, cast to the variable's type (a mean held
+    wider than its wire type; a no-op cast otherwise)."""
     return variable.assign(tf.cast(value, variable.dtype))
 
 
