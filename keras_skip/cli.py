@@ -30,6 +30,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=options.HelpFormatter,
     )
     options.add_link_options(demo, epochs=3, epochs_help="epoch budget per method")
+    plan = commands.add_parser(
+        "plan",
+        help="predicted epoch time of synchronous SGD and keras-skip on your "
+        "cluster, and the interval the adaptive callback would choose",
+        description="Predicts the epoch time of synchronous SGD and of "
+        "keras-skip from the model's size, the step time, the workers and "
+        "their links (given, or measured with --probe on the running "
+        "TF_CONFIG cluster), with the model of time of the docs' page "
+        "'What to expect'.",
+        formatter_class=options.HelpFormatter,
+    )
+    from keras_skip import plan_command
+
+    plan_command.add_arguments(plan)
+    plan.set_defaults(plan_parser=plan)
     commands.add_parser(
         "bench",
         add_help=False,
@@ -49,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         from keras_skip.bench import harness
 
         return harness.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        from keras_skip import plan_command
+
+        plan_command.run(args, args.plan_parser)
+        return 0
     if args.command == "demo":
         from keras_skip import demo
 

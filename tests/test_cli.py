@@ -29,7 +29,7 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"keras-skip {keras_skip.__version__}"
 
 
-@pytest.mark.parametrize("command", ["demo", "bench"])
+@pytest.mark.parametrize("command", ["demo", "bench", "plan"])
 def test_every_option_has_help_that_shows_its_default(command):
     parser = subparser(command)
     text = parser.format_help()

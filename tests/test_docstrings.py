@@ -41,3 +41,10 @@ def test_maths_doctests():
     result = doctest.testmod(maths, raise_on_error=False, verbose=False)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_planner_doctests():
+    from keras_skip import planner
+
+    result = doctest.testmod(planner, raise_on_error=False, verbose=False)
+    assert result.attempted > 0 and result.failed == 0

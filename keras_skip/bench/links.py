@@ -23,8 +23,9 @@ import contextlib
 import subprocess
 import sys
 
+from keras_skip import _units
 from keras_skip.bench import netem
-from keras_skip.bench.relay import RelayNetwork, parse_duration, parse_rate
+from keras_skip.bench.relay import RelayNetwork, parse_duration
 
 MECHANISMS = ("auto", "tc", "relay")
 
@@ -36,16 +37,8 @@ def check_bandwidth(text: str) -> str | None:
     bits."""
     if isinstance(text, str) and text.strip().lower() == "none":
         return None
-    bits = parse_rate(text, "bandwidth")
-    value = text.strip().lower()
-    if value.endswith("bps"):
-        raise ValueError(
-            f"`bandwidth` {text!r} is in bytes per second as tc reads it "
-            f"({bits / 1e6:g} Mbit/s); write the rate in bits, such as "
-            f"'{bits / 1e6:g}mbit', to say which is meant. Received: "
-            f"bandwidth={text!r}"
-        )
-    return value
+    _units.parse_bit_rate(text, "bandwidth")
+    return text.strip().lower()
 
 
 def check_latency(text: str) -> str:

@@ -27,51 +27,13 @@ import asyncio
 import contextlib
 import ctypes
 import os
-import re
 import socket
 import threading
 from collections.abc import Sequence
 
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$")
-#: Bits per second per unit, as ``tc`` reads them (``bps`` is bytes per second).
-_RATE_UNITS = {
-    "bit": 1.0,
-    "kbit": 1e3,
-    "mbit": 1e6,
-    "gbit": 1e9,
-    "tbit": 1e12,
-    "bps": 8.0,
-    "kbps": 8e3,
-    "mbps": 8e6,
-    "gbps": 8e9,
-}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
-_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+from keras_skip._units import parse_duration, parse_rate
+
 _CHUNK = 1 << 16
-
-
-def parse_rate(rate: str, argument: str = "bandwidth") -> float:
-    """Bits per second of a ``tc`` rate such as ``'100mbit'``."""
-    match = _RATE.match(rate.strip().lower()) if isinstance(rate, str) else None
-    if match is None or float(match.group(1)) <= 0:
-        raise ValueError(
-            f"`{argument}` must be a positive rate with a tc unit, such as "
-            f"'100mbit', '1gbit' or '500kbit'. Received: {argument}={rate!r}"
-        )
-    return float(match.group(1)) * _RATE_UNITS[match.group(2)]
-
-
-def parse_duration(duration: str, argument: str = "latency") -> float:
-    """Seconds of a duration such as ``'25ms'``, ``'1s'`` or ``'0ms'``."""
-    match = (
-        _DURATION.match(duration.strip().lower()) if isinstance(duration, str) else None
-    )
-    if match is None:
-        raise ValueError(
-            f"`{argument}` must be a non-negative duration with a unit (us, ms "
-            f"or s), such as '25ms' or '0ms'. Received: {argument}={duration!r}"
-        )
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 def enter_namespace(name: str) -> None:
