@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference; loaded lazily
     from keras_skip.callbacks import SkipCorrectionCallback
     from keras_skip.multi_worker import multi_worker_strategy
     from keras_skip.optimizer import SkipCorrectionOptimizer
+    from keras_skip.trace_callback import TraceCallback
 
 _environment.check()
 
@@ -38,6 +39,7 @@ _LAZY = {
     "multi_worker_strategy": "keras_skip.multi_worker",
     "apply_keras_fixes": "keras_skip._compat",
     "choose_interval": "keras_skip.adaptive",
+    "TraceCallback": "keras_skip.trace_callback",
 }
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "BackupAndRestore",
     "SkipCorrectionCallback",
     "SkipCorrectionOptimizer",
+    "TraceCallback",
     "__version__",
     "apply_keras_fixes",
     "choose_interval",

@@ -23,7 +23,7 @@ import threading
 
 import tensorflow as tf
 
-from keras_skip import _checks, _compat, _overlap, _updates
+from keras_skip import _checks, _compat, _overlap, _updates, tracing
 from keras_skip.steering import read, write
 
 
@@ -103,14 +103,15 @@ class Flight:
         if not self._flying:
             return False
         if self._thread is not None:
-            self._thread.join()
+            with tracing.span("wait", "average"):
+                self._thread.join()
             self._thread = None
         self._flying = False
         error, self._error = self._error, None
         if error is not None:
             write(self._schedule.pending, 0)
             raise _failure(error) from error
-        with self._strategy.scope():
+        with self._strategy.scope(), tracing.span("land", "average"):
             if self._land is None:
                 self._land = tf.function(self._land_body, autograph=False)
             self._land()
@@ -161,9 +162,10 @@ class Flight:
         if buffers.ready:
             return
         weights, _, payload = self._averager.payload(include_slots=False)
-        buffers.create(
-            weights, payload[len(weights) :], self._codec.wire_types(weights)
-        )
+        with tracing.span("create buffers", "average"):
+            buffers.create(
+                weights, payload[len(weights) :], self._codec.wire_types(weights)
+            )
 
     def _start(self) -> None:
         with self._strategy.scope():
@@ -174,10 +176,15 @@ class Flight:
                 self._reduce.get_concrete_function()
         reduce = self._reduce
         strategy = self._strategy
+        track = tracing.ALL_REDUCE if self.threaded else tracing.STEPS
+        tracing.instant("copy", "average")
 
         def run():
             try:
-                with strategy.scope():
+                with (
+                    strategy.scope(),
+                    tracing.span("all-reduce", "average", track, beside=self.threaded),
+                ):
                     reduce()
             except BaseException as error:  # re-raised by `land`
                 self._error = error

@@ -173,6 +173,7 @@ class Buffers:
         self.strategy = strategy
         self._snapshots: dict[int, tf.Variable] = {}
         self._means: dict[int, tf.Variable] = {}
+        self._shapes: dict[int, tf.TensorShape] = {}
 
     @property
     def ready(self) -> bool:
@@ -188,15 +189,22 @@ class Buffers:
                 if key in self._snapshots:
                     continue
                 dtype = _HELD_AS.get(dtype, dtype or v.dtype)
-                self._snapshots[key] = _buffer(v.shape, v.dtype, "snapshot")
-                self._means[key] = _buffer(v.shape, dtype, "mean")
+                self._snapshots[key] = _filled_here(v.shape, v.dtype, "snapshot")
+                self._means[key] = _filled_here(v.shape, dtype, "mean")
+                self._shapes[id(self._snapshots[key])] = v.shape
+                self._shapes[id(self._means[key])] = v.shape
 
-    @staticmethod
-    def read(distribution, buffers) -> list:
+    def read(self, distribution, buffers) -> list:
         """Each replica's own value of `buffers` (distributed values)."""
-        return distribution.extended.call_for_each_replica(
-            lambda: [b.read_value() for b in buffers]
-        )
+        shapes = [self._shapes[id(b)] for b in buffers]
+
+        def read():
+            values = [b.read_value() for b in buffers]
+            for value, shape in zip(values, shapes, strict=True):
+                value.set_shape(shape)
+            return values
+
+        return distribution.extended.call_for_each_replica(read)
 
     def snapshot_of(self, payload) -> list:
         return [self._find(self._snapshots, v) for v in payload]
@@ -214,6 +222,26 @@ class Buffers:
                 "after training began; build the model and its optimizer "
                 "before the first `fit`."
             ) from None
+
+
+def _filled_here(shape, dtype, name):
+    """A buffer of `shape` whose zeros are written on each replica.
+
+    Under MultiWorkerMirroredStrategy a variable's initial value is
+    broadcast from worker 0; the buffers hold twice the model, which would
+    cross the links once for nothing. So each is created empty, of no fixed
+    shape, and then assigned its zeros everywhere at once, which sends
+    nothing. `Buffers.read` gives the values their static shape back."""
+    variable = tf.Variable(
+        tf.zeros([0], dtype),
+        shape=tf.TensorShape(None),
+        trainable=False,
+        name=f"delayed_{name}",
+        synchronization=tf.VariableSynchronization.ON_WRITE,
+        aggregation=tf.VariableAggregation.NONE,
+    )
+    variable.assign(tf.zeros(shape, dtype))
+    return variable
 
 
 def _buffer(shape, dtype, name):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_skip import _checks, _compat, _version, multi_worker
+from keras_skip import _checks, _compat, _version, multi_worker, tracing
 from keras_skip._stop_agreement import StopAgreement
 from keras_skip.optimizer import SkipCorrectionOptimizer
 
@@ -191,7 +191,11 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             self._optimizer.steering.release()
         steps = self.params.get("steps") if self.params else None
         if steps is not None and batch + 1 >= steps:
-            self._optimizer.average()
+            self._boundary_average()
+
+    def _boundary_average(self) -> None:
+        with tracing.span("boundary average", "average") as args:
+            args["averaged"] = self._optimizer.average()
 
     def on_test_begin(self, logs=None):
         # Also reached from a standalone `evaluate(callbacks=[this])`.
@@ -212,7 +216,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         optimizer = self._optimizer
-        optimizer.average()
+        self._boundary_average()
         if logs is None:
             return
         averages, bytes_sent, drift = self._read_counters()

@@ -42,7 +42,10 @@ def tag_of(network):
 def test_quick_mode_runs_every_method_and_reports(tmp_path):
     lines = []
     args = harness.build_parser().parse_args(
-        ["--quick", "--measure-drift", "--out", str(tmp_path)]
+        [
+            *("--quick", "--measure-drift", "--out", str(tmp_path)),
+            *("--trace", str(tmp_path / "traces")),
+        ]
     )
     report = harness.run(args, print_fn=lines.append)
     output = "\n".join(lines)
@@ -76,6 +79,14 @@ def test_quick_mode_runs_every_method_and_reports(tmp_path):
     assert all(e["drift"] > 0 for e in skip_epochs)
     assert sum(e["bytes_sent"] for e in skip_epochs) == methods["skip"]["payload_bytes"]
     assert all(e["drift"] is None for e in methods["sync"]["epochs"])
+    # --trace: every worker of every method traced, and summed up.
+    for name, method in methods.items():
+        for worker in (0, 1):
+            assert (tmp_path / "traces" / name / f"worker-{worker}.json").exists()
+        assert len(method["traces"]) == 2
+        executions = method["traces"][0]["executions"]
+        assert 0 < executions <= method["seconds"], name
+    assert saved["trace_hidden"] == {}  # no method of the quick run delays averages
     # The docs' tables are made from this file.
     results = tmp_path / "results.json"
     drift = tables.render("drift", [results]).splitlines()

@@ -22,6 +22,7 @@ def python_blocks(obj):
         "SkipCorrectionCallback",
         "AdaptiveIntervalCallback",
         "BackupAndRestore",
+        "TraceCallback",
         "keras_skip.steering.Steering",
     ],
 )

@@ -248,3 +248,37 @@ def test_two_workers_train_through_the_relay_and_only_averages_wait(tmp_path):
     local = [seconds[i] for i in range(1, len(seconds)) if (i + 1) % 4 != 0]
     assert max(local) < 0.1, seconds
     assert min(averaging) > 0.2, seconds
+
+
+def test_delayed_averages_send_no_more_bytes_than_the_same_averages(tmp_path):
+    """overlap=3 at interval 4 takes the same averages as no overlap, and
+    puts no more on the wire: its buffers (twice the model) are not
+    broadcast from worker 0 when they are created, as every other variable's
+    initial value is under MultiWorkerMirroredStrategy."""
+    from test_multi_worker import WORKER
+
+    width = 4096
+    model_bytes = 4 * (6 * width + width + width + 1)
+    sent = {}
+    for overlap in (False, 3):
+        config = {
+            "interval": 4,
+            "epochs": 2,
+            "width": width,
+            "overlap": overlap,
+            "out": str(tmp_path / str(overlap)),
+        }
+        (tmp_path / str(overlap)).mkdir()
+        with relay.RelayNetwork(2, bandwidth=None, latency="0ms") as network:
+            result = launcher.launch(
+                [*WORKER, json.dumps(config)],
+                2,
+                timeout=300,
+                log_dir=tmp_path / str(overlap),
+                cluster=network.cluster,
+            )
+            sent[overlap] = max(network.transmitted_bytes())
+        assert result.ok, result.failure_report()
+    # 8 averages of the model each way, whatever the overlap.
+    assert sent[False] > 8 * model_bytes
+    assert sent[3] < sent[False] + model_bytes / 4, sent

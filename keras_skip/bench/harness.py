@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
+from keras_skip import tracing
 from keras_skip.bench import launcher, links
 from keras_skip.bench.methods import method_plan
 from keras_skip.bench.parser import build_parser
@@ -52,6 +53,8 @@ from keras_skip.bench.summary import (
     overlap_hidden,
     summary_rows,
     table_notes,
+    trace_hidden,
+    trace_notes,
 )
 
 #: ``progress(method, worker, line)``: called with every line of every log.
@@ -182,6 +185,8 @@ def run_method(
     directory = out_dir / name
     directory.mkdir(parents=True, exist_ok=True)
     config = {**base, **overrides, "out": str(directory)}
+    if args.trace:
+        config["trace"] = str(pathlib.Path(args.trace) / name)
     before = network.transmitted_bytes() if network else None
     start = time.monotonic()
     result = launcher.launch(
@@ -204,7 +209,15 @@ def run_method(
         if before is None
         else max(a - b for a, b in zip(after, before, strict=True))
     )
-    return method_result(name, label, measurements, wire, seconds)
+    traces = None
+    if args.trace:
+        traces = [
+            tracing.summary(
+                tracing.read(pathlib.Path(config["trace"]) / f"worker-{i}.json")
+            )
+            for i in range(args.workers)
+        ]
+    return method_result(name, label, measurements, wire, seconds, traces)
 
 
 def _report(
@@ -230,6 +243,7 @@ def _report(
         "seconds": time.monotonic() - started,
         "rows": rows,
         "overlap_hidden": overlap_hidden(results),
+        "trace_hidden": trace_hidden(results),
         "nocomm_vs_independent": independent_ratio(results),
         "methods": [dataclasses.asdict(r) for r in results],
         "plots": paths,
@@ -240,8 +254,12 @@ def _report(
 def _table(report: dict, workers: int) -> str:
     """The summary table, with the notes on overlapping and on the
     independent processes under it."""
-    return format_table(report["rows"], report["target"]) + table_notes(
-        report["overlap_hidden"], report["nocomm_vs_independent"], workers
+    return (
+        format_table(report["rows"], report["target"])
+        + table_notes(
+            report["overlap_hidden"], report["nocomm_vs_independent"], workers
+        )
+        + trace_notes(report.get("trace_hidden") or {})
     )
 
 

@@ -165,3 +165,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="a small run on loopback (2 workers, a small MLP, 2 epochs)",
     )
     add("--seed", type=int, default=0, help="seed of the data split and the weights")
+    add(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="write a trace of every worker of every method, "
+        "DIR/<method>/worker-<i>.json (Chrome trace-event format: steps, "
+        "averages, delayed averages' all-reduces, waits and landings), and "
+        "sum each up in results.json",
+    )

@@ -20,6 +20,8 @@ class MethodResult:
     intervals: list[int]
     decision: dict | None
     seconds: float
+    #: Every worker's `keras_skip.tracing.summary`, with `--trace`.
+    traces: list[dict] | None = None
 
     def time_to(self, target: float) -> tuple[float | None, int | None]:
         """Training time (validation excluded) and epochs until the end of
@@ -89,7 +91,12 @@ def read_worker_measurements(
 
 
 def method_result(
-    name: str, label: str, measurements: dict, wire_bytes: int | None, seconds: float
+    name: str,
+    label: str,
+    measurements: dict,
+    wire_bytes: int | None,
+    seconds: float,
+    traces: list[dict] | None = None,
 ) -> MethodResult:
     """The :class:`MethodResult` of a method from its worker's measurements."""
     return MethodResult(
@@ -102,4 +109,5 @@ def method_result(
         measurements["intervals"],
         measurements["decision"],
         seconds,
+        traces,
     )

@@ -155,3 +155,51 @@ def table_notes(
             f"epoch of {workers} independent processes (steady epochs)"
         )
     return text
+
+
+def trace_hidden(results: Sequence[MethodResult]) -> dict[str, dict]:
+    """For each traced method with delayed averages, from its workers'
+    traces: the seconds its all-reduces took, ran beside the steps and kept
+    the training thread waiting, the share hidden (the smallest over the
+    workers, since an average waits for the slowest), and a local step's
+    mean seconds alone and with an all-reduce beside it (the worst over the
+    workers)."""
+    shares = {}
+    for r in results:
+        traced = [t for t in r.traces or [] if t["hidden"] is not None]
+        if not traced:
+            continue
+
+        shares[r.name] = {
+            "hidden": min(t["hidden"] for t in traced),
+            "all_reduce": max(t["all_reduce"] for t in traced),
+            "beside": max(t["beside"] for t in traced),
+            "waited": max(t["waited"] for t in traced),
+            "step_alone": _worst_step(traced, "alone"),
+            "step_beside": _worst_step(traced, "beside"),
+        }
+    return shares
+
+
+def _worst_step(traced: list[dict], key: str) -> float | None:
+    values = [t["step_seconds"][key] for t in traced]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def trace_notes(shares: dict[str, dict]) -> str:
+    """The traces' lines under the table."""
+    text = ""
+    for name, s in shares.items():
+        steps = ""
+        if s["step_alone"] is not None and s["step_beside"] is not None:
+            steps = (
+                f"; a local step took {s['step_alone'] * 1e3:.1f} ms alone and "
+                f"{s['step_beside'] * 1e3:.1f} ms with an all-reduce beside it"
+            )
+        text += (
+            f"\n{name} (traces): all-reduces {s['all_reduce']:.2f} s, "
+            f"{s['beside']:.2f} s of them beside the steps, waited for "
+            f"{s['waited']:.2f} s: {s['hidden']:.1%} hidden{steps}"
+        )
+    return text

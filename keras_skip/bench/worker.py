@@ -36,6 +36,7 @@ DEFAULTS = {
     "seed": 0,
     "peer_timeout": 60.0,
     "out": ".",
+    "trace": None,  # a directory: keras_skip.TraceCallback writes there
 }
 
 #: Skip+correction with options of SkipCorrectionOptimizer, named by them.
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
         epochs=config["epochs"],
         shuffle=False,  # the dataset shuffles itself
         verbose=0,
-        callbacks=[*callbacks, _recorder(config, index, records)],
+        callbacks=[*_tracer(config), *callbacks, _recorder(config, index, records)],
     )
 
     # Every method validates, the no-communication bound too: `evaluate`
@@ -186,6 +187,17 @@ def main(argv=None) -> int:
     with open(os.path.join(config["out"], f"worker-{index}.json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
     return 0
+
+
+def _tracer(config: dict) -> list:
+    """keras_skip.TraceCallback when the configuration asks for a trace;
+    first, so that an execution's event holds every other callback's work
+    around it."""
+    if not config["trace"]:
+        return []
+    import keras_skip
+
+    return [keras_skip.TraceCallback(config["trace"])]
 
 
 def _strategy(config: dict):

@@ -29,6 +29,7 @@ DEFAULTS = {
     "group_size": None,
     "overlap": False,
     "local_devices": 1,  # logical CPU devices (replicas) of each worker
+    "width": 16,  # units of the hidden layer
     "overflow_step": None,  # this worker's activations are inf at this step
     "step_sleep": 0.0,  # seconds every forward pass of this worker sleeps
     "momentum": 0.0,
@@ -48,6 +49,7 @@ DEFAULTS = {
     "stop_at": None,  # this worker sets stop_training after this step
     "stop_at_epoch": None,  # ... at the end of this epoch
     "inspect": False,  # report the collectives of a step outside its averages
+    "trace": None,  # a directory for keras_skip.TraceCallback's files
     "seed": 0,
     "out": ".",
 }
@@ -157,7 +159,7 @@ def build_model(config, strategy):
         layers = [
             keras.Input((6,)),
             keras.layers.Dense(
-                16,
+                config["width"],
                 activation="tanh",
                 kernel_initializer=keras.initializers.GlorotUniform(1),
             ),
@@ -343,6 +345,8 @@ def main():
             callbacks.append(keras_skip.SkipCorrectionCallback())
 
     callbacks.append(markers)  # last: it sees the boundary averages
+    if config["trace"]:
+        callbacks.insert(0, keras_skip.TraceCallback(config["trace"]))
     if config["dataset"]:
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
         fit_args = dict(x=data)
