@@ -7,7 +7,7 @@ logical CPU replicas of one process, interval 8, with SGD+momentum and with
 Adam inside, under each `optimizer_state` policy, and prints validation
 accuracy and the bytes one replica sends per average; with ``--json``,
 also writes the rows (every seed's accuracy) to a file that ``python -m
-keras_skip.bench.tables slots`` turns into the benchmarks page's table.
+keras_skip.bench.reports.tables slots`` turns into the benchmarks page's table.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import pathlib
 import statistics
 
-from keras_skip.bench import devices, workloads
+from keras_skip.bench.workers import devices, workloads
 
 
 def main() -> None:

@@ -106,7 +106,8 @@ def worker(steps: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from keras_skip.bench import launcher, links, options
+    from keras_skip.bench import links, options
+    from keras_skip.bench.workers import launcher
 
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=options.HelpFormatter

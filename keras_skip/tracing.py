@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import pathlib
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -192,10 +193,16 @@ def summary(events: list[dict]) -> dict:
       landing; ``hidden``: the share of ``all_reduce`` that did not keep the
       training thread waiting, ``(beside - waited) / all_reduce`` (None
       without delayed averages); ``delayed_averages``: how many landed.
-    - ``step_seconds``: the mean seconds of a local step in executions
-      that took no average inside, ``alone`` while no all-reduce ran beside
-      them and ``beside`` while one did (None where there were none): what
-      an all-reduce beside the steps costs them.
+    - ``step_seconds``: the median seconds of a local step in executions
+      that took no average inside (but the first, which traces), ``alone``
+      while no all-reduce ran beside them and ``beside`` while one did
+      (None where there were none): what an all-reduce beside the steps
+      costs them.
+
+    An all-reduce beside the steps lasts from this worker's start to the
+    end of the collective, so it includes the time its peers took to reach
+    their copy: ``hidden`` is the share of that time this worker computed
+    through, not a share of wire time.
     """
     spans = [e for e in events if e.get("ph") == "X"]
     totals: dict[str, float] = {}
@@ -208,15 +215,16 @@ def summary(events: list[dict]) -> dict:
     all_reduce = totals.get("all-reduce", 0.0)
     beside_seconds = sum(e["dur"] for e in beside) / 1e6
     waited = totals.get("wait", 0.0)
-    per_step: dict[str, list[float]] = {"alone": [0.0, 0], "beside": [0.0, 0]}
-    for e in spans:
-        if e["name"] != "execution" or e["args"].get("averages"):
+    per_step: dict[str, list[float]] = {"alone": [], "beside": []}
+    executions = [e for e in spans if e["name"] == "execution"]
+    for e in executions[1:]:  # the first traces the train function
+        if e["args"].get("averages"):
             continue
         end = e["ts"] + e["dur"]
         overlaps = any(r["ts"] < end and e["ts"] < r["ts"] + r["dur"] for r in beside)
-        total = per_step["beside" if overlaps else "alone"]
-        total[0] += e["dur"] / 1e6
-        total[1] += e["args"].get("steps", 1)
+        per_step["beside" if overlaps else "alone"].append(
+            e["dur"] / 1e6 / e["args"].get("steps", 1)
+        )
     return {
         "executions": totals.get("execution", 0.0),
         "boundary_averages": totals.get("boundary average", 0.0),
@@ -229,8 +237,7 @@ def summary(events: list[dict]) -> dict:
         ),
         "delayed_averages": counts.get("land", 0),
         "step_seconds": {
-            k: (seconds / steps if steps else None)
-            for k, (seconds, steps) in per_step.items()
+            k: (statistics.median(v) if v else None) for k, v in per_step.items()
         },
     }
 

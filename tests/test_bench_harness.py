@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from keras_skip.bench import harness, links, netem, tables
+from keras_skip.bench import harness, links
+from keras_skip.bench.links import netem
+from keras_skip.bench.reports import tables
 
 EMULATION = netem.unavailable_reason()
 needs_emulation = pytest.mark.skipif(
@@ -86,7 +88,8 @@ def test_quick_mode_runs_every_method_and_reports(tmp_path):
         assert len(method["traces"]) == 2
         executions = method["traces"][0]["executions"]
         assert 0 < executions <= method["seconds"], name
-    assert saved["trace_hidden"] == {}  # no method of the quick run delays averages
+    # No method of the quick run delays averages.
+    assert saved["trace_hidden"] == saved["trace_flights"] == {}
     # The docs' tables are made from this file.
     results = tmp_path / "results.json"
     drift = tables.render("drift", [results]).splitlines()
@@ -125,7 +128,7 @@ def test_refresh_prints_every_generated_table_of_a_page_again(tmp_path):
         **dict.fromkeys(["cpu_ratio", "cpu_ratio_min", "cpu_ratio_max"], 1.03),
     }
     (tmp_path / "docs/results/wrapper.json").write_text(json.dumps([measured]))
-    marker = "<!-- generated: python -m keras_skip.bench.tables wrapper "
+    marker = "<!-- generated: python -m keras_skip.bench.reports.tables wrapper "
     page = tmp_path / "docs" / "page.md"
     page.write_text(
         f"Before.\n\n{marker}docs/results/wrapper.json -->\n| stale |\n"
@@ -331,7 +334,7 @@ def test_interrupting_the_benchmark_removes_workers_and_namespaces(tmp_path):
     # This run's workers only (their configuration names its directory):
     # other tests may run benchmark workers at the same time.
     workers = subprocess.run(
-        ["pgrep", "-f", f"keras_skip.bench.worker.*{tmp_path}"],
+        ["pgrep", "-f", f"keras_skip.bench.workers.worker.*{tmp_path}"],
         capture_output=True,
         text=True,
     ).stdout
@@ -351,7 +354,7 @@ def test_unavailable_namespaces_are_explained_and_a_relay_takes_over(monkeypatch
 def test_non_iid_order_gives_each_worker_its_own_reshuffled_shard():
     import numpy as np
 
-    from keras_skip.bench.worker import non_iid_order
+    from keras_skip.bench.workers.worker import non_iid_order
 
     workers, batch, epochs = 4, 8, 3
     order = non_iid_order(100, workers, batch, epochs, seed=1)
@@ -395,7 +398,7 @@ def test_independent_processes_are_compared_with_the_no_communication_run(tmp_pa
 
 
 def test_independent_processes_that_never_all_get_ready_time_out(tmp_path):
-    from keras_skip.bench import worker
+    from keras_skip.bench.workers import worker
 
     with pytest.raises(TimeoutError, match="not every one of 2 processes"):
         worker.start_together(str(tmp_path), 0, 2, timeout=0.05)

@@ -8,7 +8,8 @@ import pytest
 from conftest import mirrored
 
 import keras_skip
-from keras_skip.bench import baselines, overhead
+from keras_skip.bench import overhead
+from keras_skip.bench.workers import baselines
 
 D = 8
 

@@ -295,7 +295,7 @@ def test_custom_loop_on_two_workers_ends_with_identical_weights(tmp_path):
 
     from workers import custom_loop_worker
 
-    from keras_skip.bench import launcher
+    from keras_skip.bench.workers import launcher
 
     result = launcher.launch(
         [sys.executable, custom_loop_worker.__file__, str(tmp_path)],

@@ -13,7 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from keras_skip.bench import harness, launcher, links, netem, relay
+from keras_skip.bench import harness, links
+from keras_skip.bench.links import netem, relay
+from keras_skip.bench.workers import launcher
 
 EMULATION = netem.unavailable_reason()
 needs_emulation = pytest.mark.skipif(

@@ -17,7 +17,7 @@ import tensorflow as tf
 from conftest import components, keras_fixes_for_every_model, mirrored
 from workers import fit_worker
 
-from keras_skip.bench import launcher
+from keras_skip.bench.workers import launcher
 
 WORKER = [sys.executable, fit_worker.__file__]
 

@@ -12,7 +12,7 @@ from conftest import mirrored
 from workers import probe_worker
 
 from keras_skip import plan_probe, planner
-from keras_skip.bench import launcher
+from keras_skip.bench.workers import launcher
 
 
 def test_plan_probe_on_two_workers_measures_one_link_that_reproduces_the_timings(

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keras_skip import cli, maths, planner
-from keras_skip.bench import plan_check, plan_tables
+from keras_skip.bench.planner import check as plan_check
+from keras_skip.bench.planner import tables as plan_tables
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"

@@ -257,10 +257,10 @@ def test_the_repository_and_the_site_are_named_alike_everywhere():
 
 
 def test_generated_tables_and_headline_numbers_match_the_results():
-    """Every table of the benchmarks page is what `keras_skip.bench.tables`
+    """Every table of the benchmarks page is what `keras_skip.bench.reports.tables`
     prints from the committed results, none is typed by hand, and the
     README's headline numbers are those results'."""
-    from keras_skip.bench import tables
+    from keras_skip.bench.reports import tables
 
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     generated = tables.GENERATED.findall(page)

@@ -28,6 +28,7 @@ def span(name, start, end, track=1, **args):
 
 def test_summary_by_hand():
     events = [
+        span("execution", -4.0, -1.0, steps=1, averages=0),  # traces: not a step
         span("execution", 0.0, 1.0, steps=10, averages=0),  # alone: 0.1 s a step
         span("all-reduce", 1.0, 3.0, track=2, beside=True),
         span("execution", 1.0, 2.5, steps=10, averages=0),  # beside: 0.15 s a step
@@ -39,7 +40,7 @@ def test_summary_by_hand():
         span("boundary average", 5.1, 5.6),
     ]
     s = tracing.summary(events)
-    assert s["executions"] == pytest.approx(3.4)
+    assert s["executions"] == pytest.approx(3.0 + 3.4)
     assert s["all_reduce"] == pytest.approx(3.0)
     assert s["beside"] == pytest.approx(2.0)
     assert s["waited"] == pytest.approx(0.5)
@@ -155,3 +156,36 @@ def test_two_workers_trace_the_all_reduce_beside_the_steps(tmp_path):
         assert 0 <= summary["hidden"] <= 1
         waits = [e for e in events if e["name"] == "wait"]
         assert len(waits) == len(reduces)
+
+
+def test_flights_across_workers_by_hand(tmp_path):
+    """Worker 1 starts the all-reduce 0.3 s after worker 0; from then it
+    takes 1.0 s, during which worker 1 computes 2 executions of 5 steps
+    (0.2 s) before it waits 0.75 s for the mean."""
+    from keras_skip.bench.reports import traces
+
+    def write(worker, events):
+        trace = tracing.Trace(worker)
+        for e in events:
+            trace.complete(e["name"], "x", e["ts"], e["ts"] + e["dur"], **e["args"])
+        trace.write(tmp_path / f"worker-{worker}.json")
+
+    write(0, [span("all-reduce", 0.0, 1.3, beside=True), span("wait", 0.4, 1.3)])
+    write(
+        1,
+        [
+            span("all-reduce", 0.3, 1.3, beside=True),
+            span("execution", 0.3, 0.4, steps=5),
+            span("execution", 0.45, 0.55, steps=5),
+            span("execution", 0.55, 1.35, steps=1),  # holds the wait
+            span("wait", 0.55, 1.3),
+        ],
+    )
+    [flight] = traces.flights(traces.read_workers(tmp_path))
+    assert flight.skew == pytest.approx(0.3)
+    assert flight.wire == pytest.approx(1.0)
+    assert flight.steps == 10
+    assert flight.computed == pytest.approx(0.2)
+    assert flight.waited == pytest.approx(0.75)
+    assert "1 delayed averages" in traces.describe(tmp_path)
+    assert traces.main([str(tmp_path / "none")]) == 2

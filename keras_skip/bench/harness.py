@@ -31,22 +31,24 @@ import dataclasses
 import json
 import pathlib
 import signal
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 
 from keras_skip import tracing
-from keras_skip.bench import launcher, links
+from keras_skip.bench import links
 from keras_skip.bench.methods import method_plan
 from keras_skip.bench.parser import build_parser
-from keras_skip.bench.plot import plot
-from keras_skip.bench.results import (
+from keras_skip.bench.reports import traces
+from keras_skip.bench.reports.plot import plot
+from keras_skip.bench.reports.results import (
     MethodResult,
     method_result,
     read_worker_measurements,
 )
-from keras_skip.bench.summary import (
+from keras_skip.bench.reports.summary import (
     default_target,
     format_table,
     independent_ratio,
@@ -56,6 +58,7 @@ from keras_skip.bench.summary import (
     trace_hidden,
     trace_notes,
 )
+from keras_skip.bench.workers import launcher
 
 #: ``progress(method, worker, line)``: called with every line of every log.
 Progress = Callable[[str, int, str], None]
@@ -190,7 +193,7 @@ def run_method(
     before = network.transmitted_bytes() if network else None
     start = time.monotonic()
     result = launcher.launch(
-        [sys.executable, "-m", "keras_skip.bench.worker", json.dumps(config)],
+        [sys.executable, "-m", "keras_skip.bench.workers.worker", json.dumps(config)],
         args.workers,
         timeout=args.timeout,
         log_dir=directory,
@@ -244,11 +247,28 @@ def _report(
         "rows": rows,
         "overlap_hidden": overlap_hidden(results),
         "trace_hidden": trace_hidden(results),
+        "trace_flights": _trace_flights(args, results),
         "nocomm_vs_independent": independent_ratio(results),
         "methods": [dataclasses.asdict(r) for r in results],
         "plots": paths,
         "arguments": vars(args),
     }
+
+
+def _trace_flights(args: argparse.Namespace, results: list[MethodResult]) -> dict:
+    """With ``--trace``, the medians over each method's delayed averages of
+    what :mod:`keras_skip.bench.reports.traces` reads across the workers."""
+    if not args.trace:
+        return {}
+    found = {}
+    for r in results:
+        flights = traces.flights(traces.read_workers(pathlib.Path(args.trace) / r.name))
+        if flights:
+            found[r.name] = {
+                field.name: statistics.median(getattr(f, field.name) for f in flights)
+                for field in dataclasses.fields(traces.Flight)
+            }
+    return found
 
 
 def _table(report: dict, workers: int) -> str:
@@ -260,6 +280,13 @@ def _table(report: dict, workers: int) -> str:
             report["overlap_hidden"], report["nocomm_vs_independent"], workers
         )
         + trace_notes(report.get("trace_hidden") or {})
+        + "".join(
+            f"\n{name} (traces, medians over its delayed averages): the workers "
+            f"started each {f['skew']:.3f} s apart; {f['wire']:.3f} s from the last "
+            f"start to the end; the last to start computed {f['steps']:g} steps "
+            f"({f['computed']:.3f} s) beside it, then waited {f['waited']:.3f} s"
+            for name, f in (report.get("trace_flights") or {}).items()
+        )
     )
 
 

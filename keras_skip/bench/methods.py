@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from keras_skip.bench.worker import OPTION_METHODS
+from keras_skip.bench.workers.worker import OPTION_METHODS
 
 ALL_METHODS = (
     "sync",

@@ -21,7 +21,7 @@ import json
 import time
 from typing import Any
 
-from keras_skip.bench import baselines, devices, workloads
+from keras_skip.bench.workers import baselines, devices, workloads
 
 
 @dataclasses.dataclass

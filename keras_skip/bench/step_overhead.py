@@ -73,7 +73,7 @@ def _dataset(seed: int):
     """The benchmark's training data in batches of 32, repeated."""
     import tensorflow as tf
 
-    from keras_skip.bench import workloads
+    from keras_skip.bench.workers import workloads
 
     (x, y), _ = workloads.load_mnist_subset(seed)
     return (
@@ -90,7 +90,7 @@ def _model(wrapped: bool, steps_per_execution: int, seed: int):
     import keras
 
     import keras_skip
-    from keras_skip.bench import workloads
+    from keras_skip.bench.workers import workloads
 
     keras.utils.set_random_seed(seed)
     m = workloads.mlp()

@@ -1,6 +1,6 @@
 """A MultiWorkerMirroredStrategy worker for the multi-worker tests.
 
-Run by keras_skip.bench.launcher with TF_CONFIG set. The only argument is a
+Run by keras_skip.bench.workers.launcher with TF_CONFIG set. The only argument is a
 JSON configuration (see DEFAULTS); a "workers" entry maps a worker index to
 overrides for that worker. Writes worker-<i>.npz into config["out"] and
 prints marker lines the tests wait for. The index is the launcher's process

@@ -1,6 +1,6 @@
 """A worker that runs `keras-skip plan --probe --json` on a saved model.
 
-Run by keras_skip.bench.launcher with TF_CONFIG set. The only argument is a
+Run by keras_skip.bench.workers.launcher with TF_CONFIG set. The only argument is a
 JSON configuration: "model", the saved .keras file; "out", the directory
 where worker-<i>.json (the command's JSON report) is written; optionally
 "large_bytes". The index is the launcher's process index, KERAS_SKIP_WORKER.

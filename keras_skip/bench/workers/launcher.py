@@ -1,6 +1,6 @@
 """Starts N local worker processes with the right TF_CONFIG, and always cleans up.
 
-    python -m keras_skip.bench.launcher -n 2 -- python my_training.py --epochs 3
+    python -m keras_skip.bench.workers.launcher -n 2 -- python my_training.py --epochs 3
 
 Every worker gets ``TF_CONFIG`` (a cluster of ``n`` workers on free ports of
 ``127.0.0.1``, or of the given hosts; with ``--chief`` the first of them is
@@ -153,7 +153,7 @@ def launch(
             cluster as worker ``i`` is to see them, instead of ``hosts`` and
             free ports: its own entry is where it listens, the others where
             it reaches its peers (a relay, for example
-            :class:`keras_skip.bench.relay.RelayNetwork`).
+            :class:`keras_skip.bench.links.relay.RelayNetwork`).
 
     Returns:
         A :class:`LaunchResult` with every worker's exit code and log. Every
@@ -331,13 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         print(
-            "usage: python -m keras_skip.bench.launcher [-n N] [--timeout S] "
+            "usage: python -m keras_skip.bench.workers.launcher [-n N] [--timeout S] "
             "[--chief] -- COMMAND ...",
             file=sys.stderr,
         )
         return 2
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m keras_skip.bench.launcher")
+    parser = argparse.ArgumentParser(prog="python -m keras_skip.bench.workers.launcher")
     parser.add_argument("-n", "--num-workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--log-dir")

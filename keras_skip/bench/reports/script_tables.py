@@ -3,7 +3,7 @@
 (``python -m keras_skip.bench.step_overhead``), the cost of choosing the
 interval (``python -m keras_skip.bench.overhead``), the slot policies
 (``benchmarks/optimizer_state.py``) and an average spread over several steps
-(``benchmarks/overlap_span.py``). :mod:`keras_skip.bench.tables` prints them.
+(``benchmarks/overlap_span.py``). :mod:`keras_skip.bench.reports.tables` prints them.
 """
 
 from __future__ import annotations

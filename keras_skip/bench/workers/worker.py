@@ -1,4 +1,4 @@
-"""One worker of a benchmark run: ``python -m keras_skip.bench.worker CONFIG``.
+"""One worker of a benchmark run: ``python -m keras_skip.bench.workers.worker CONFIG``.
 
 Started by :mod:`keras_skip.bench.harness` through the launcher, with
 ``TF_CONFIG`` set. ``CONFIG`` is a JSON object (see :data:`DEFAULTS`). The
@@ -81,7 +81,7 @@ def build(config, strategy):
     import keras
 
     import keras_skip
-    from keras_skip.bench import baselines, workloads
+    from keras_skip.bench.workers import baselines, workloads
 
     method = config["method"]
     with strategy.scope():
@@ -221,7 +221,7 @@ def _load_data(config: dict, strategy, workers: int):
     """``(x, y)``, the validation data and this worker's batch size; for
     ``mlp-noniid`` ``x`` and ``y`` hold every epoch's order one after the
     other (see :func:`non_iid_order`)."""
-    from keras_skip.bench import workloads
+    from keras_skip.bench.workers import workloads
 
     (x, y), (x_test, y_test) = workloads.load_mnist_subset(
         config["seed"], label_sorted=config["workload"] == "mlp-noniid"

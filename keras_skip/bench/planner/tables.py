@@ -1,15 +1,15 @@
 """The planner's tables for ``docs/planner.md``, printed, not typed.
 
-    python -m keras_skip.bench.plan_tables check docs/results
-    python -m keras_skip.bench.plan_tables scale MODEL/HOSTS
-    python -m keras_skip.bench.plan_tables refresh docs/planner.md
+    python -m keras_skip.bench.planner.tables check docs/results
+    python -m keras_skip.bench.planner.tables scale MODEL/HOSTS
+    python -m keras_skip.bench.planner.tables refresh docs/planner.md
 
 ``check`` compares the planner with every committed benchmark run
-(:mod:`keras_skip.bench.plan_check`); ``scale`` predicts one of
+(:mod:`keras_skip.bench.planner.check`); ``scale`` predicts one of
 :data:`MODELS` from 8 to 1,024 workers, 1 to 100 Gbit/s and 0.1 to 100 ms.
 ``refresh`` prints again every table of a page between its markers::
 
-    <!-- generated: python -m keras_skip.bench.plan_tables KIND ARGUMENT -->
+    <!-- generated: python -m keras_skip.bench.planner.tables KIND ARGUMENT -->
     ...
     <!-- end of generated table -->
 """
@@ -21,7 +21,7 @@ import re
 import sys
 
 from keras_skip import planner
-from keras_skip.bench import plan_check
+from keras_skip.bench.planner import check
 
 #: The scale page's models: trainable values, seconds of one local step on
 #: one worker, and steps an epoch (see docs/planner.md for where the step
@@ -81,14 +81,14 @@ def _seconds(value: float) -> str:
 
 
 def check_table(directory: str | pathlib.Path) -> str:
-    found = plan_check.checks(directory)
-    return plan_check.markdown_table(found) + "\n\n" + plan_check.summary(found) + ".\n"
+    found = check.checks(directory)
+    return check.markdown_table(found) + "\n\n" + check.summary(found) + ".\n"
 
 
 KINDS = {"check": check_table, "scale": scale_table}
 
 GENERATED = re.compile(
-    r"(<!-- generated: python -m keras_skip\.bench\.plan_tables (\w+) (\S+) -->\n)"
+    r"(<!-- generated: python -m keras_skip\.bench\.planner\.tables (\w+) (\S+) -->\n)"
     r"(.*?)(<!-- end of generated table -->\n)",
     flags=re.S,
 )
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(render(argv[0], argv[1]), end="")
         except ValueError as error:
-            print(f"keras_skip.bench.plan_tables: {error}", file=sys.stderr)
+            print(f"keras_skip.bench.planner.tables: {error}", file=sys.stderr)
             return 2
         return 0
     print(__doc__, file=sys.stderr)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keras_skip.bench import tables
-from keras_skip.bench.results import MethodResult
+from keras_skip.bench.reports import tables
+from keras_skip.bench.reports.results import MethodResult
 
 
 def default_target(results: Sequence[MethodResult]) -> float:

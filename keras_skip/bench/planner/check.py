@@ -7,7 +7,7 @@ payload), the steps of an epoch, and the step time, which is the run's own
 no-communication epoch over its steps (or, for a run without one, the median
 of that of the runs of the same workload and number of workers).
 
-    python -m keras_skip.bench.plan_check [RESULTS_DIR]
+    python -m keras_skip.bench.planner.check [RESULTS_DIR]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import statistics
 import sys
 
 from keras_skip import planner
-from keras_skip.bench.results import steady_epoch_seconds
+from keras_skip.bench.reports.results import steady_epoch_seconds
 
 #: Runs that measure the inputs, not a method the planner predicts.
 _INPUTS = ("nocomm", "solo")

@@ -140,7 +140,7 @@ class RelayNetwork:
     # -- lifetime -------------------------------------------------------------
 
     def __enter__(self) -> RelayNetwork:
-        from keras_skip.bench import launcher
+        from keras_skip.bench.workers import launcher
 
         self._ports = launcher.free_ports(self.n)
         self._loop = asyncio.new_event_loop()

@@ -4,8 +4,9 @@ Every table of ``docs/benchmarks.md`` is printed by this module from the
 results kept in ``docs/results/``, not typed, and a test checks that the page
 shows what it prints::
 
-    python -m keras_skip.bench.tables publish RUN/results.json docs/results/NAME.json
-    python -m keras_skip.bench.tables KIND docs/results/NAME.json [...]
+    python -m keras_skip.bench.reports.tables publish RUN/results.json
+        docs/results/NAME.json
+    python -m keras_skip.bench.reports.tables KIND docs/results/NAME.json [...]
 
 ``KIND`` is one of:
 
@@ -24,7 +25,7 @@ shows what it prints::
 (a run's output directory and plots). ``refresh docs/benchmarks.md`` prints
 again every table of the page between its markers::
 
-    <!-- generated: python -m keras_skip.bench.tables KIND FILE... -->
+    <!-- generated: python -m keras_skip.bench.reports.tables KIND FILE... -->
     ...
     <!-- end of generated table -->
 
@@ -41,8 +42,8 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-from keras_skip.bench.relay import parse_duration
-from keras_skip.bench.script_tables import (
+from keras_skip._units import parse_duration
+from keras_skip.bench.reports.script_tables import (
     interval_table,
     slots_table,
     span_table,
@@ -317,7 +318,8 @@ def render(kind: str, paths: Sequence[str | pathlib.Path]) -> str:
 
 
 GENERATED = re.compile(
-    r"(<!-- generated: python -m keras_skip\.bench\.tables (\w+) ([^>]*) -->\n)"
+    r"(<!-- generated: python -m keras_skip\.bench\.reports\.tables "
+    r"(\w+) ([^>]*) -->\n)"
     r"(.*?)(<!-- end of generated table -->\n)",
     flags=re.S,
 )
@@ -355,7 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             print(render(argv[0], argv[1:]), end="")
         except (ValueError, KeyError) as error:
-            print(f"keras_skip.bench.tables {argv[0]}: {error}", file=sys.stderr)
+            print(
+                f"keras_skip.bench.reports.tables {argv[0]}: {error}", file=sys.stderr
+            )
             return 2
         return 0
     print(__doc__, file=sys.stderr)

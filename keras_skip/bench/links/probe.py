@@ -1,7 +1,7 @@
 """A round-trip probe between two workers' hosts, run as two processes.
 
-    python -m keras_skip.bench.probe serve HOST      # prints "PORT <port>"
-    python -m keras_skip.bench.probe ping HOST:PORT [SAMPLES]
+    python -m keras_skip.bench.links.probe serve HOST      # prints "PORT <port>"
+    python -m keras_skip.bench.links.probe ping HOST:PORT [SAMPLES]
 
 ``serve`` echoes every byte it receives on a free port of ``HOST``; ``ping``
 sends one byte at a time and prints the median round trip in seconds. The

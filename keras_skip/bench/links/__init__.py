@@ -3,18 +3,18 @@
 Two mechanisms, chosen by :func:`choose`:
 
 - ``tc``: each worker in its own network namespace behind a ``tbf``-limited
-  veth (:mod:`keras_skip.bench.netem`). Needs root and iproute2. This
+  veth (:mod:`keras_skip.bench.links.netem`). Needs root and iproute2. This
   kernel-side limit is the closest to a real link. The kernel here has no
   ``netem`` qdisc, so latency, if any, is added by a relay in one more
   namespace on the same bridge (a hub), so that workers' packets cross the
   bridge only, whatever the root namespace's routes and firewall.
 - ``relay``: no root needed. A user-space relay in the launching process
-  (:mod:`keras_skip.bench.relay`) carries every connection between workers
+  (:mod:`keras_skip.bench.links.relay`) carries every connection between workers
   and emulates both the rate and the latency.
 
 :class:`SlowLinks` puts them behind one interface for the launcher and
 measures the round trip between two workers' places with
-:mod:`keras_skip.bench.probe`.
+:mod:`keras_skip.bench.links.probe`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import subprocess
 import sys
 
 from keras_skip import _units
-from keras_skip.bench import netem
-from keras_skip.bench.relay import RelayNetwork, parse_duration
+from keras_skip._units import parse_duration
+from keras_skip.bench.links import netem
+from keras_skip.bench.links.relay import RelayNetwork
 
 MECHANISMS = ("auto", "tc", "relay")
 
@@ -73,7 +74,7 @@ class SlowLinks:
     """``n`` workers' links of ``bandwidth`` each way and ``latency`` one way.
 
     Use as a context manager; pass ``hosts``, ``wrap`` and ``cluster`` to
-    :func:`keras_skip.bench.launcher.launch`::
+    :func:`keras_skip.bench.workers.launcher.launch`::
 
         with SlowLinks(4, "100mbit", "25ms", "relay") as links:
             print(links.round_trip())
@@ -166,7 +167,7 @@ class SlowLinks:
             return 0.0
         wrap = self.namespaces.wrap if self.namespaces is not None else (lambda i: [])
         host = self.namespaces.hosts[1] if self.namespaces is not None else "127.0.0.1"
-        probe = [sys.executable, "-m", "keras_skip.bench.probe"]
+        probe = [sys.executable, "-m", "keras_skip.bench.links.probe"]
         server = subprocess.Popen(
             [*wrap(1), *probe, "serve", host],
             stdout=subprocess.PIPE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Callable, Sequence
 
-from keras_skip.bench.results import MethodResult, training_seconds
+from keras_skip.bench.reports.results import MethodResult, training_seconds
 
 
 def plot(
