@@ -84,6 +84,8 @@ class TraceCallback(keras.callbacks.Callback):
         return int(count)
 
     def on_train_begin(self, logs=None):
+        if self._recording is not None:  # a fit that raised never ended it
+            self._recording.close()
         strategy = self.model.distribute_strategy
         self.trace = tracing.Trace(multi_worker.worker_index(strategy))
         self._recording = contextlib.ExitStack()
