@@ -303,17 +303,70 @@ class SimulationResult:
     x: np.ndarray
     correction: np.ndarray
     slots: tuple[np.ndarray, ...]
+    #: The learning rates summed since the last average (of the last fragment).
     gamma: float
+    #: Local steps since the last average (of the last fragment).
     local_steps: int
+    #: Interval averages, each fragment's average counted once.
     interval_averages: int
     boundary_averages: int
     history: list[np.ndarray]
-    #: :func:`drift` just before each average, in order.
+    #: :func:`drift` just before each average, in order (with fragments, the
+    #: drift of the averaged fragment's coordinates).
     drifts: list[float] = dataclasses.field(default_factory=list)
+    #: Per fragment: local steps since its last average.
+    fragment_local_steps: tuple[int, ...] = ()
 
     @property
     def averages(self) -> int:
         return self.interval_averages + self.boundary_averages
+
+
+def fragment_offsets(interval: int, fragments: int) -> tuple[int, ...]:
+    """The local step after which each fragment's first average falls, counted
+    from a full average: ``(j + 1) * interval // fragments`` for fragment
+    ``j``. Later averages of a fragment follow every ``interval`` steps, so
+    the ``fragments`` averages of an interval are evenly spread and the last
+    fragment is averaged when one fragment alone would be.
+
+    >>> fragment_offsets(32, 4)
+    (8, 16, 24, 32)
+    >>> fragment_offsets(32, 1)
+    (32,)
+    """
+    if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1:
+        raise ValueError(
+            f"`fragments` must be an integer >= 1. Received: fragments={fragments!r}"
+        )
+    if interval < fragments:
+        raise ValueError(
+            f"`fragments` must be at most the interval ({interval}): every "
+            f"fragment is averaged once per interval. Received: fragments={fragments}"
+        )
+    return tuple((j + 1) * interval // fragments for j in range(fragments))
+
+
+def _fragment_indices(fragments, size: int) -> list[np.ndarray] | None:
+    """Flat coordinate indices of each fragment, or None for one fragment."""
+    if isinstance(fragments, bool):
+        raise ValueError(f"`fragments` must be an integer >= 1, got {fragments!r}")
+    if isinstance(fragments, int | np.integer):
+        if not 1 <= fragments <= size:
+            raise ValueError(
+                f"`fragments` must be an integer in [1, {size}] (the number of "
+                f"coordinates). Received: fragments={fragments}"
+            )
+        if fragments == 1:
+            return None
+        return np.array_split(np.arange(size), int(fragments))
+    parts = [np.asarray(p, dtype=np.int64).ravel() for p in fragments]
+    every = np.sort(np.concatenate(parts)) if parts else np.array([], np.int64)
+    if not np.array_equal(every, np.arange(size)):
+        raise ValueError(
+            "`fragments` as index arrays must partition the coordinates "
+            f"0..{size - 1}: every coordinate in exactly one fragment"
+        )
+    return parts if len(parts) > 1 else None
 
 
 def simulate(
@@ -336,6 +389,7 @@ def simulate(
     group_size: int = 1,
     overlap: bool | int = False,
     steps_per_execution: int = 1,
+    fragments: int | Iterable[np.ndarray] = 1,
 ) -> SimulationResult:
     """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
 
@@ -375,8 +429,8 @@ def simulate(
             were before that step, and each replica keeps that step's own
             displacement on top of it. Boundary averages, an average due at
             a boundary step, and the pending average before a synchronous
-            step are full averages. An integer ``k >= 2``: delayed
-            averages, as ``model.fit`` takes them with one step per
+            step are full averages. An integer ``k >= 2`` (the *delay*):
+            delayed averages, as ``model.fit`` takes them with one step per
             execution. The average due after a local step sends the weights
             after it (a snapshot) and the next period starts there; its
             mean lands by the same rule (:func:`overlapped_average`, the
@@ -390,7 +444,20 @@ def simulate(
         steps_per_execution: With delayed averages: a mean lands only
             between executions of this many steps (when the next execution
             holds no due step), and an average is delayed only when the
-            interval is longer than an execution.
+            next due average is more than an execution away.
+        fragments: Streaming averages. An integer ``F``: the coordinates
+            (flattened ``shape``) split into ``F`` contiguous fragments of
+            near-equal size; or a sequence of flat index arrays that
+            partition the coordinates. Each fragment is an algorithm of its
+            own on its coordinates (its own ``Gamma``, local step count,
+            period start, compression error and outer step count), and
+            fragment ``j`` is averaged after :func:`fragment_offsets` local
+            steps counted from a full average, then every ``interval``
+            steps. A full average (a boundary, or before a synchronous
+            step) averages every fragment that moved. With ``overlap``, each
+            fragment's average is overlapped or delayed by the rules above,
+            one in flight at a time; landing touches only its fragment.
+            ``1`` is the unfragmented algorithm.
 
     Returns:
         A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
@@ -407,155 +474,220 @@ def simulate(
         if x_init is not None
         else np.broadcast_to(np.asarray(x0, np.float64), (n, *np.shape(x0))).copy()
     )
+    parts = _fragment_indices(fragments, int(np.prod(x.shape[1:], dtype=np.int64)))
+    count = 1 if parts is None else len(parts)
+
+    def get(a, j):
+        return a if parts is None else a.reshape(len(a), -1)[:, parts[j]]
+
+    def put(a, j, value):
+        if parts is None:
+            return value
+        a = a.copy()
+        a.reshape(len(a), -1)[:, parts[j]] = value
+        return a
+
     c = np.zeros_like(x)
     slots = inner.init(x)
-    gamma, local, interval_averages, boundary_averages = 0.0, 0, 0, 0
-    # Under "local", slots stay apart after an average; a synchronous step
-    # must not start from them, or the replicas would part again.
-    slots_apart = False
+    interval_averages, boundary_averages = 0, 0
+    # Per fragment: learning rates summed and local steps since its average;
+    # whether it holds an overlapped step no average has included yet (the
+    # step an overlapped average ran alongside); whether its slots differ
+    # across replicas (under "local" after an average: a synchronous step
+    # must not start from them, or the replicas would part again); its
+    # outer step count; whether its period is the first since a full
+    # average (due after its offset rather than after a whole interval).
+    gamma = [0.0] * count
+    local = [0] * count
+    carried = [False] * count
+    slots_apart = [False] * count
+    outer_steps = [0] * count
+    first = [True] * count
     boundaries = set(boundaries)
     history = []
     drifts = []
-    # The weights every replica held when the current period began.
+    # The weights every replica held when each fragment's period began.
     x_start = x.copy()
     outer_slots = outer.init(x_start) if outer else ()
-    outer_steps = 0
     errors = np.zeros_like(x)  # what compression has not sent yet
-    # Overlap: x holds one local step's displacement that no average has
-    # included yet (the step an overlapped average ran alongside).
-    carried = False
-    # Delayed averages: the snapshot ``(x, slots, gamma)`` of the average on
-    # its way, or None.
+    # Delayed averages: ``(fragment, x, slots, gamma)`` of the average on its
+    # way (the snapshot), or None.
     delayed = None
 
-    def do_average(include_slots=False):
-        nonlocal x, c, slots, gamma, local, slots_apart, outer_slots, outer_steps
-        nonlocal errors, carried
-        moved = bool(local) or carried
+    def due_in(j, h):
+        """Local steps until fragment ``j``'s next average."""
+        period = fragment_offsets(h, count)[j] if first[j] else h
+        return period - local[j]
+
+    def do_average(j, include_slots=False):
+        nonlocal x, c, slots, outer_slots, errors
+        moved = bool(local[j]) or carried[j]
+        xj, cj = get(x, j), get(c, j)
         if n > 1 and compression:
-            base = x_start if moved else x  # replicas agree when nothing moved
-            sent, errors = compress_with_feedback(x - base, errors, compression)
+            base = get(x_start, j) if moved else xj  # replicas agree if unmoved
+            sent, error = compress_with_feedback(xj - base, get(errors, j), compression)
+            errors = put(errors, j, error)
             x_bar = base[:1] + wire_mean(sent, compression)
-            drifts.append(drift(x, x_bar))
-            if gamma > 0 and correction:
-                c = c + correction * (x_bar - (base + sent)) / gamma
-            x = np.broadcast_to(x_bar, x.shape).copy()
+            drifts.append(drift(xj, x_bar))
+            if gamma[j] > 0 and correction:
+                cj = cj + correction * (x_bar - (base + sent)) / gamma[j]
+            xj = np.broadcast_to(x_bar, xj.shape).copy()
         elif n > 1:
-            drifts.append(drift(x))
-            x, c = average(x, c, gamma, correction)
+            drifts.append(drift(xj))
+            xj, cj = average(xj, cj, gamma[j], correction)
         if n > 1:
             if optimizer_state == "average" or include_slots:
-                slots = tuple(_replicate_mean(s) for s in slots)
-                slots_apart = False
+                slots = tuple(put(s, j, _replicate_mean(get(s, j))) for s in slots)
+                slots_apart[j] = False
             elif optimizer_state == "reset":
-                slots = tuple(np.zeros_like(s) for s in slots)
-                slots_apart = False
+                slots = tuple(put(s, j, np.zeros_like(get(s, j))) for s in slots)
+                slots_apart[j] = False
         if outer and moved:  # not for slots-only averages
-            x, outer_slots = outer_step(
-                x_start, x, outer, outer_slots, outer_learning_rate, outer_steps
+            xj, new_slots = outer_step(
+                get(x_start, j),
+                xj,
+                outer,
+                tuple(get(s, j) for s in outer_slots),
+                outer_learning_rate,
+                outer_steps[j],
             )
-            outer_steps += 1
-        gamma, local, carried = 0.0, 0, False
+            outer_slots = tuple(
+                put(s, j, new) for s, new in zip(outer_slots, new_slots, strict=True)
+            )
+            outer_steps[j] += 1
+        x, c = put(x, j, xj), put(c, j, cj)
+        gamma[j], local[j], carried[j] = 0.0, 0, False
 
-    def do_overlapped_average(snapshot, snapshot_slots, snapshot_gamma, lr):
-        nonlocal x, slots, gamma, local, slots_apart, x_start, carried
-        x_now, slots_now = x, slots
-        x, slots, gamma, local = snapshot, snapshot_slots, snapshot_gamma, local - 1
-        do_average()
-        x_start = x.copy()  # the new period starts from the (outer) average
-        x = overlapped_average(x, x_now, snapshot)
+    def full_average(include_slots=False):
+        """Every fragment that moved (or, with ``include_slots``, whose slots
+        differ): one boundary average."""
+        for j in range(count):
+            if local[j] or carried[j] or (include_slots and slots_apart[j]):
+                do_average(j, include_slots)
+        first[:] = [True] * count
+
+    def combine(j, snapshot, snapshot_slots, x_now, slots_now):
+        """After fragment ``j``'s mean of ``snapshot`` was taken into ``x``:
+        each replica keeps its own steps since the snapshot on top of it."""
+        nonlocal x, x_start, slots
+        x_start = put(x_start, j, get(x, j))  # the next period starts there
+        x = put(
+            x_now, j, overlapped_average(get(x, j), get(x_now, j), get(snapshot, j))
+        )
         if optimizer_state == "local":
             slots = slots_now
-        elif optimizer_state == "average":  # "reset" restarted them after step t
+        elif optimizer_state == "average":  # "reset" restarted them
             slots = tuple(
-                overlapped_average(s, now, snap)
+                put(now, j, overlapped_average(get(s, j), get(now, j), get(snap, j)))
                 for s, now, snap in zip(slots, slots_now, snapshot_slots, strict=True)
             )
-        slots_apart = bool(slots)
-        gamma, carried = lr, True
+        else:
+            slots = tuple(
+                put(now, j, get(s, j)) for s, now in zip(slots, slots_now, strict=True)
+            )
+        slots_apart[j] = bool(slots)
+
+    def do_overlapped_average(j, snapshot, snapshot_slots, snapshot_gamma, lr):
+        x_now, slots_now = x, slots
+        set_state(snapshot, snapshot_slots)
+        gamma[j], local[j] = snapshot_gamma, local[j] - 1
+        do_average(j)
+        combine(j, snapshot, snapshot_slots, x_now, slots_now)
+        gamma[j], carried[j], first[j] = lr, True, False
 
     def land_delayed():
-        nonlocal x, slots, gamma, local, slots_apart, x_start, delayed
-        (snapshot, snapshot_slots, snapshot_gamma), delayed = delayed, None
-        x_now, slots_now, gamma_now, local_now = x, slots, gamma, local
-        x, slots, gamma, local = snapshot, snapshot_slots, snapshot_gamma, 1
-        do_average()
-        x_start = x.copy()  # the next period starts from the (outer) average
-        x = overlapped_average(x, x_now, snapshot)
-        if optimizer_state == "local":
-            slots = slots_now
-        elif optimizer_state == "average":
-            slots = tuple(
-                overlapped_average(s, now, snap)
-                for s, now, snap in zip(slots, slots_now, snapshot_slots, strict=True)
-            )
-        slots_apart = bool(slots)
-        gamma, local = gamma_now, local_now
+        nonlocal delayed
+        (j, snapshot, snapshot_slots, snapshot_gamma), delayed = delayed, None
+        x_now, slots_now = x, slots
+        gamma_now, local_now = gamma[j], local[j]
+        set_state(snapshot, snapshot_slots)
+        gamma[j], local[j] = snapshot_gamma, 1
+        do_average(j)
+        combine(j, snapshot, snapshot_slots, x_now, slots_now)
+        gamma[j], local[j] = gamma_now, local_now
+
+    def set_state(new_x, new_slots):
+        nonlocal x, slots
+        x, slots = new_x, new_slots
 
     delay = 0 if isinstance(overlap, bool) else int(overlap)
     for t in range(steps):
         lr = lr_fn(t)
+        h = interval_fn(t)
         if (
             delayed is not None
             and t % steps_per_execution == 0
             and (
-                local >= delay
-                or local + steps_per_execution >= interval_fn(t)
-                or is_synchronous_step(t, interval_fn(t), warmup_steps)
-                or local + _steps_to_boundary(t, steps_per_execution, boundaries) >= 2
+                local[delayed[0]] >= delay
+                or min(due_in(j, h) for j in range(count)) <= steps_per_execution
+                or is_synchronous_step(t, h, warmup_steps)
+                or local[delayed[0]]
+                + _steps_to_boundary(t, steps_per_execution, boundaries)
+                >= 2
             )
         ):
             land_delayed()
         g = np.asarray(grad_fn(t, x), np.float64)
-        if is_synchronous_step(t, interval_fn(t), warmup_steps):
-            if local or slots_apart or carried:
-                do_average(include_slots=True)
+        if is_synchronous_step(t, h, warmup_steps):
+            if any(local) or any(slots_apart) or any(carried):
+                full_average(include_slots=True)
                 boundary_averages += 1
+            first[:] = [True] * count
             g_bar = np.broadcast_to(g.mean(axis=0, keepdims=True), g.shape)
             displacement, slots = inner.step(g_bar, x, slots, lr, t)
             x = x + displacement
         else:
-            if not local and not carried and delayed is None:
-                x_start = x.copy()
+            for j in range(count):
+                in_flight = delayed is not None and delayed[0] == j
+                if not local[j] and not carried[j] and not in_flight:
+                    x_start = put(x_start, j, get(x, j))
             if group_size > 1:
                 g = group_mean(g, group_size)
-            snapshot, snapshot_slots, snapshot_gamma = x, slots, gamma
+            snapshot, snapshot_slots, snapshot_gamma = x, slots, list(gamma)
             displacement, slots = inner.step(g, x, slots, lr, t)
             x = local_step(x, displacement, c if n > 1 else 0.0, lr)
-            gamma += lr
-            local += 1
-            slots_apart = n > 1 and bool(slots)
-            if average_due(local, interval_fn(t)):
+            for j in range(count):
+                gamma[j] += lr
+                local[j] += 1
+                slots_apart[j] = n > 1 and bool(slots)
+            for j in range(count):
+                if due_in(j, h) > 0:
+                    continue
+                first[j] = False
                 if (
                     delay >= 2
                     and n > 1
                     and t + 1 not in boundaries
                     and delayed is None
-                    and interval_fn(t) > steps_per_execution
+                    and min(h if i == j else due_in(i, h) for i in range(count))
+                    > steps_per_execution
                 ):
-                    delayed = (x.copy(), slots, gamma)
-                    gamma, local = 0.0, 0
+                    delayed = (j, x.copy(), slots, gamma[j])
+                    gamma[j], local[j] = 0.0, 0
                 elif overlap and delay < 2 and n > 1 and t + 1 not in boundaries:
-                    do_overlapped_average(snapshot, snapshot_slots, snapshot_gamma, lr)
+                    do_overlapped_average(
+                        j, snapshot, snapshot_slots, snapshot_gamma[j], lr
+                    )
                 else:
-                    do_average()
+                    do_average(j)
                 interval_averages += 1
         if t + 1 in boundaries and delayed is not None:
             land_delayed()
-        if t + 1 in boundaries and (local or carried):
-            do_average()
+        if t + 1 in boundaries and (any(local) or any(carried)):
+            full_average()
             boundary_averages += 1
         history.append(x.copy())
     return SimulationResult(
         x,
         c,
         slots,
-        gamma,
-        local,
+        gamma[-1],
+        local[-1],
         interval_averages,
         boundary_averages,
         history,
         drifts,
+        tuple(local),
     )
 
 
