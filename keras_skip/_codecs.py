@@ -41,9 +41,12 @@ class Dense:
             lambda: [tf.identity(v) for v in weights + rest]
         )
 
-    def reduce(self, distribution, weights, rest, per_replica) -> list:
-        """The means of what `send` returned, in one batch."""
-        return _updates.reduce_mean(distribution, per_replica, weights + rest)
+    def reduce(self, distribution, weights, rest, per_replica, through=None) -> list:
+        """The means of what `send` returned, in one batch; `through`: the
+        cross-device ops to reduce with, if not the strategy's own."""
+        return _updates.reduce_mean(
+            distribution, per_replica, weights + rest, through=through
+        )
 
     def bytes(self, weights, rest) -> int:
         """Bytes each replica puts into the all-reduce."""
@@ -114,10 +117,10 @@ class Compressed(Dense):
 
         return distribution.extended.call_for_each_replica(payload, args=(values,))
 
-    def reduce(self, distribution, weights, rest, per_replica) -> list:
+    def reduce(self, distribution, weights, rest, per_replica, through=None) -> list:
         # One batch per type: a batch may be packed into one tensor.
         return _updates.reduce_mean(
-            distribution, per_replica, weights + rest, len(weights)
+            distribution, per_replica, weights + rest, len(weights), through
         )
 
     def bytes(self, weights, rest) -> int:

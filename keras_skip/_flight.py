@@ -56,19 +56,33 @@ class Flight:
         #: all-reduce may run beside them: False under several workers that
         #: agree at every step on whether data remains (`fit` sets it).
         self.steps_exchange_nothing = not _compat.is_multi_worker(strategy)
-        #: Whether the all-reduce runs in a thread beside the steps. Only
-        #: across workers with one device each, and for an average of one
-        #: all-reduce: an all-reduce between a worker's own devices run
-        #: beside its steps can wait for good (seen with 4 logical CPU
-        #: devices on 2 cores), and so can a compressed average's two (the
-        #: 16-bit weights, then the rest in its own types; seen with two
-        #: workers on 2 busy cores). Otherwise it runs right after the
-        #: execution that took the copy; the mean still lands by the same
-        #: rule, so training is the same, and nothing is hidden.
-        self.threaded = (
-            _compat.is_multi_worker(strategy)
-            and len(strategy.extended.worker_devices) == 1
-            and codec.all_reduces == 1
+        #: Whether the all-reduce runs in a thread beside the steps: across
+        #: workers with one device each, for an average of one all-reduce,
+        #: and on one worker with several devices, where the means are
+        #: reduced through one device (`tf.distribute.ReductionToOneDevice`)
+        #: rather than by collectives. Collectives between one worker's
+        #: devices run beside its steps were seen to wait for good (3 runs
+        #: in 13 with 4 logical CPU devices on 2 cores, none in 40 through
+        #: one device), and so was a compressed average's two all-reduces
+        #: (the 16-bit weights, then the rest in its own types; seen with
+        #: two workers on 2 busy cores). Otherwise (several workers with
+        #: several devices each, or compression across workers) it runs
+        #: right after the execution that took the copy; the mean still
+        #: lands by the same rule, so training is the same, and nothing is
+        #: hidden.
+        devices = len(strategy.extended.worker_devices)
+        if _compat.is_multi_worker(strategy):
+            self.threaded = devices == 1 and codec.all_reduces == 1
+        else:
+            self.threaded = devices > 1
+        #: How the thread reduces: None for the strategy's own cross-device
+        #: ops (across workers), or through one device (on one worker).
+        self._through = (
+            tf.distribute.ReductionToOneDevice(
+                reduce_to_device=strategy.extended.worker_devices[0]
+            )
+            if self.threaded and not _compat.is_multi_worker(strategy)
+            else None
         )
 
     @property
@@ -208,7 +222,9 @@ class Flight:
         per_replica = self._codec.send(
             distribution, weights, rest, tf.constant(True), values
         )
-        means = self._codec.reduce(distribution, weights, rest, per_replica)
+        means = self._codec.reduce(
+            distribution, weights, rest, per_replica, through=self._through
+        )
         for buffer, mean in zip(buffers.means_of(payload), means, strict=True):
             extended.update(buffer, _updates.assign, args=(mean,), group=False)
 

@@ -167,16 +167,21 @@ def assign_compressed(
     return variable.assign(average)
 
 
-def reduce_mean(distribution, per_replica, payload, split=None) -> list:
+def reduce_mean(distribution, per_replica, payload, split=None, through=None) -> list:
     """The MEAN all-reduce of an average. With `split`, two batches: the
     first `split` values (the weights in the wire type), then the rest;
-    one batch per type, as a batch may be packed into one tensor."""
+    one batch per type, as a batch may be packed into one tensor.
+    `through`: a `tf.distribute.CrossDeviceOps` to reduce with instead of
+    the strategy's own."""
     parts = [slice(0, None)] if split is None else [slice(0, split), slice(split, None)]
     means = []
     for part in parts:
         if per_replica[part]:
-            means += distribution.extended.batch_reduce_to(
-                tf.distribute.ReduceOp.MEAN,
-                list(zip(per_replica[part], payload[part], strict=True)),
-            )
+            pairs = list(zip(per_replica[part], payload[part], strict=True))
+            if through is None:
+                means += distribution.extended.batch_reduce_to(
+                    tf.distribute.ReduceOp.MEAN, pairs
+                )
+            else:
+                means += through.batch_reduce(tf.distribute.ReduceOp.MEAN, pairs)
     return means

@@ -189,6 +189,9 @@ def test_fit_with_delayed_averages_matches_reference(
         assert_relative(corrections_of(optimizer), expected.correction)
     assert optimizer.averages_performed == expected.averages
     assert not optimizer._flight.in_flight
+    # Replicas of one process: the all-reduce ran in a thread, through one
+    # device.
+    assert optimizer._flight.threaded
 
 
 @pytest.mark.parametrize(
@@ -229,6 +232,7 @@ def test_delayed_averages_with_options_match_reference(options):
     assert_relative(weights_of(model), expected.x)
     assert_relative(corrections_of(optimizer), expected.correction, tolerance=1e-4)
     assert optimizer.averages_performed == expected.averages
+    assert optimizer._flight.threaded  # also with compression, on one worker
     if measure_drift:
         np.testing.assert_allclose(
             optimizer.drift, [sum(expected.drifts), expected.drifts[-1]], rtol=1e-5

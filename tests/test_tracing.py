@@ -115,19 +115,26 @@ def test_fit_on_mirrored_replicas_records_every_execution_and_delayed_average(tm
     assert len(executions) == 2 * 16 // 2
     assert sum(e["args"]["steps"] for e in executions) == 2 * 16
     assert len(by_name["epoch"]) == len(by_name["validation"]) == 2
-    # Every copy was all-reduced (after its execution: replicas of one
-    # process) and landed, in that order; the averages inside executions and
-    # the boundary averages add up to the optimizer's count.
+    # Every copy was all-reduced (in a thread, beside the next executions:
+    # replicas of one process reduce through one device) and landed, in that
+    # order; the averages inside executions and the boundary averages add up
+    # to the optimizer's count.
+    assert optimizer._flight.threaded
     copies, reduces, lands = by_name["copy"], by_name["all-reduce"], by_name["land"]
     assert len(copies) == len(reduces) == len(lands) > 0
+    tracks = {e["args"]["name"]: e["tid"] for e in by_name["thread_name"]}
     for c, r, land in zip(copies, reduces, lands, strict=True):
         assert c["ts"] <= r["ts"] and r["ts"] + r["dur"] <= land["ts"]
-        assert r["args"] == {"beside": False}
+        assert r["args"] == {"beside": True}
+        assert r["tid"] == tracks[tracing.ALL_REDUCE]
+    assert len(by_name["wait"]) == len(reduces)
     inside = sum(e["args"]["averages"] for e in executions)
     boundary = sum(e["args"]["averaged"] for e in by_name["boundary average"])
     assert inside + boundary == optimizer.averages_performed
     assert len(by_name["create buffers"]) == 1
-    assert tracing.summary(events)["hidden"] == 0.0  # nothing ran beside
+    summary = tracing.summary(events)
+    assert summary["beside"] == pytest.approx(summary["all_reduce"])
+    assert 0 <= summary["hidden"] <= 1
     assert tracing.active() is None
 
 
