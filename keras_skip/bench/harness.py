@@ -41,6 +41,7 @@ from keras_skip import tracing
 from keras_skip.bench import links
 from keras_skip.bench.methods import method_plan
 from keras_skip.bench.parser import build_parser
+from keras_skip.bench.reports import peer as peer_tables
 from keras_skip.bench.reports import traces
 from keras_skip.bench.reports.plot import plot
 from keras_skip.bench.reports.results import (
@@ -59,6 +60,7 @@ from keras_skip.bench.reports.summary import (
     trace_notes,
 )
 from keras_skip.bench.workers import launcher
+from keras_skip.bench.workers import peer as peer_run
 
 #: ``progress(method, worker, line)``: called with every line of every log.
 Progress = Callable[[str, int, str], None]
@@ -72,6 +74,10 @@ def run(args: argparse.Namespace, print_fn: Callable[[str], None] = print) -> di
     out_dir = pathlib.Path(args.out or tempfile.mkdtemp(prefix="keras-skip-bench-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     base = _worker_config(args)
+    if args.peer:
+        # Worker 0 of every method writes the model's initial weights, the
+        # same for all: the peer starts from them.
+        base["initial_weights"] = str(out_dir / "initial-weights.npz")
     if note:
         print_fn(f"Note: {note}.")
     network = (
@@ -85,8 +91,12 @@ def run(args: argparse.Namespace, print_fn: Callable[[str], None] = print) -> di
         f"{args.epochs} epochs; results in {out_dir}"
     )
     started = time.monotonic()
-    results, round_trip = _run_methods(args, base, network, out_dir, print_fn)
+    results, round_trip, peer = _run_methods(args, base, network, out_dir, print_fn)
     report = _report(args, results, link, round_trip, started, out_dir)
+    if peer is not None:
+        report["peer"] = peer
+        report["peer_rows"] = peer_tables.peer_rows(report)
+        report["peer_ratios"] = peer_tables.ratios(report["peer_rows"])
     with open(out_dir / "results.json", "w") as f:
         json.dump(report, f, indent=1, default=str)
     print_fn("")
@@ -110,9 +120,11 @@ def _choose_links(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if args.stop_at_target and args.target is None:
         raise SystemExit("--stop-at-target needs --target.")
     try:
-        return links.choose(args.bandwidth, args.latency, args.links)
+        chosen = links.choose(args.bandwidth, args.latency, args.links)
     except RuntimeError as error:
         raise SystemExit(str(error)) from error
+    peer_run.check(args, chosen[0])
+    return chosen
 
 
 def _worker_config(args: argparse.Namespace) -> dict:
@@ -141,16 +153,18 @@ def _run_methods(
     network: links.SlowLinks | None,
     out_dir: pathlib.Path,
     print_fn: Callable[[str], None],
-) -> tuple[list[MethodResult], float | None]:
-    """Every method's result, and the round trip measured over the links
-    first; the links are removed after the last method, or on any error."""
+) -> tuple[list[MethodResult], float | None, dict | None]:
+    """Every method's result, the round trip measured over the links first,
+    and with ``--peer`` what the peer measured after the Keras methods on
+    the same links; the links are removed after the last method, or on any
+    error."""
 
     def progress(name, worker, line):
         if worker == 0 and line.startswith("PROGRESS"):
             print_fn(f"[{name}] {line.removeprefix('PROGRESS ').strip()}")
 
     results = []
-    round_trip = None
+    round_trip = peer = None
     try:
         if network:
             network.__enter__()
@@ -167,10 +181,13 @@ def _run_methods(
                     name, label, overrides, base, args, network, out_dir, progress
                 )
             )
+        if args.peer:
+            weights = pathlib.Path(base["initial_weights"])
+            peer = peer_run.run(args, weights, out_dir, network, print_fn)
     finally:
         if network:
             network.close()
-    return results, round_trip
+    return results, round_trip, peer
 
 
 def run_method(
@@ -274,8 +291,13 @@ def _trace_flights(args: argparse.Namespace, results: list[MethodResult]) -> dic
 def _table(report: dict, workers: int) -> str:
     """The summary table, with the notes on overlapping and on the
     independent processes under it."""
+    main_table = (
+        peer_tables.text_table(report)
+        if report.get("peer")
+        else format_table(report["rows"], report["target"])
+    )
     return (
-        format_table(report["rows"], report["target"])
+        main_table
         + table_notes(
             report["overlap_hidden"], report["nocomm_vs_independent"], workers
         )

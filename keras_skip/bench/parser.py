@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_interval_options(parser)
     _add_target_options(parser)
     _add_method_options(parser)
+    _add_peer_options(parser)
     _add_run_options(parser)
     return parser
 
@@ -147,6 +148,52 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="measure the replicas' drift at every average (one more small "
         "all-reduce per average) and plot it",
+    )
+
+
+#: Frameworks ``--peer`` runs after the Keras methods, on the same links.
+PEERS = ("torch",)
+
+
+def _add_peer_options(parser: argparse.ArgumentParser) -> None:
+    """Another framework run after the Keras methods, on the same links."""
+    add = parser.add_argument
+    add(
+        "--peer",
+        choices=PEERS,
+        default=None,
+        help="after the Keras methods, run PyTorch's DDP, PostLocalSGD "
+        "(period --interval) and torchft's streaming DiLoCo on the same "
+        "links, data, shards, batch, learning rate and initial weights "
+        '(benchmarks/torch_peer.py, needs `pip install -e ".[peer]"`), and '
+        "print one table of both frameworks",
+    )
+    add(
+        "--peer-sync-epochs",
+        type=options.positive_int,
+        default=None,
+        help="epoch budget of the peer's synchronous DDP (default: --epochs)",
+    )
+    add(
+        "--peer-time-budget",
+        type=options.positive_float,
+        default=None,
+        help="seconds of training after which each peer method stops at the "
+        "end of its epoch",
+    )
+    add(
+        "--peer-fragments",
+        type=options.positive_int,
+        default=2,
+        help="fragments of the peer's streaming DiLoCo (by layer; --interval "
+        "must be divisible by it)",
+    )
+    add(
+        "--peer-sync-delay",
+        type=int,
+        default=1,
+        help="steps each DiLoCo fragment's all-reduce runs beside the training "
+        "before it is needed (torchft's fragment_sync_delay)",
     )
 
 

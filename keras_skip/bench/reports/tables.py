@@ -19,7 +19,9 @@ shows what it prints::
 - ``wrapper``: ``python -m keras_skip.bench.step_overhead --json``;
 - ``interval``: ``python -m keras_skip.bench.overhead --json``;
 - ``slots``: ``python benchmarks/optimizer_state.py --json``;
-- ``span``: ``python benchmarks/overlap_span.py --json`` runs, a row per run.
+- ``span``: ``python benchmarks/overlap_span.py --json`` runs, a row per run;
+- ``peer``: a ``keras-skip bench --peer torch`` run, a row per method of
+  both frameworks, and the ratios (:mod:`keras_skip.bench.reports.peer`).
 
 ``publish`` copies results without the paths of the machine that made them
 (a run's output directory and plots). ``refresh docs/benchmarks.md`` prints
@@ -43,6 +45,7 @@ import sys
 from collections.abc import Sequence
 
 from keras_skip._units import parse_duration
+from keras_skip.bench.reports import peer
 from keras_skip.bench.reports.script_tables import (
     interval_table,
     slots_table,
@@ -307,6 +310,7 @@ KINDS = {
     "interval": _one(interval_table),
     "slots": _one(slots_table),
     "span": span_table,
+    "peer": _one(peer.markdown_table),
 }
 
 

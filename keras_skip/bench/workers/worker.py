@@ -37,6 +37,9 @@ DEFAULTS = {
     "peer_timeout": 60.0,
     "out": ".",
     "trace": None,  # a directory: keras_skip.TraceCallback writes there
+    # A path: worker 0 writes the model's weights before training there
+    # (kernel_<i>, bias_<i> in an .npz, as keras_skip.bench.workers.export).
+    "initial_weights": None,
 }
 
 #: Skip+correction with options of SkipCorrectionOptimizer, named by them.
@@ -152,6 +155,8 @@ def main(argv=None) -> int:
     keras.utils.set_random_seed(config["seed"])
     (x, y), validation, batch = _load_data(config, strategy, workers)
     model, callbacks = build(config, strategy)
+    if config["initial_weights"] and index == 0:
+        _save_weights(model, config["initial_weights"])
     optimizer = model.optimizer
     if method == "nocomm":
         optimizer.attach(model)
@@ -187,6 +192,21 @@ def main(argv=None) -> int:
     with open(os.path.join(config["out"], f"worker-{index}.json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
     return 0
+
+
+def _save_weights(model, path: str) -> None:
+    """The model's weights, ``kernel_<i>`` and ``bias_<i>`` in an ``.npz``."""
+    import numpy as np
+
+    weights = model.get_weights()
+    np.savez(
+        path,
+        **{
+            f"{kind}_{i // 2}": w
+            for i, w in enumerate(weights)
+            for kind in ["bias" if i % 2 else "kernel"]
+        },
+    )
 
 
 def _tracer(config: dict) -> list:
