@@ -71,19 +71,18 @@ class Flight:
         #: lands by the same rule, so training is the same, and nothing is
         #: hidden.
         devices = len(strategy.extended.worker_devices)
-        if _compat.is_multi_worker(strategy):
+        across_workers = _compat.is_multi_worker(strategy)
+        if across_workers:
             self.threaded = devices == 1 and codec.all_reduces == 1
         else:
             self.threaded = devices > 1
-        #: How the thread reduces: None for the strategy's own cross-device
-        #: ops (across workers), or through one device (on one worker).
-        self._through = (
-            tf.distribute.ReductionToOneDevice(
+        #: How the thread reduces: the strategy's own cross-device ops
+        #: (None) across workers, else through one device.
+        self._through = None
+        if self.threaded and not across_workers:
+            self._through = tf.distribute.ReductionToOneDevice(
                 reduce_to_device=strategy.extended.worker_devices[0]
             )
-            if self.threaded and not _compat.is_multi_worker(strategy)
-            else None
-        )
 
     @property
     def in_flight(self) -> bool:

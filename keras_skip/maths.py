@@ -588,27 +588,24 @@ def simulate(
         slots_apart[j] = bool(slots)
 
     def do_overlapped_average(j, snapshot, snapshot_slots, snapshot_gamma, lr):
+        nonlocal x, slots
         x_now, slots_now = x, slots
-        set_state(snapshot, snapshot_slots)
+        x, slots = snapshot, snapshot_slots
         gamma[j], local[j] = snapshot_gamma, local[j] - 1
         do_average(j)
         combine(j, snapshot, snapshot_slots, x_now, slots_now)
         gamma[j], carried[j], first[j] = lr, True, False
 
     def land_delayed():
-        nonlocal delayed
+        nonlocal x, slots, delayed
         (j, snapshot, snapshot_slots, snapshot_gamma), delayed = delayed, None
         x_now, slots_now = x, slots
         gamma_now, local_now = gamma[j], local[j]
-        set_state(snapshot, snapshot_slots)
+        x, slots = snapshot, snapshot_slots
         gamma[j], local[j] = snapshot_gamma, 1
         do_average(j)
         combine(j, snapshot, snapshot_slots, x_now, slots_now)
         gamma[j], local[j] = gamma_now, local_now
-
-    def set_state(new_x, new_slots):
-        nonlocal x, slots
-        x, slots = new_x, new_slots
 
     delay = 0 if isinstance(overlap, bool) else int(overlap)
     for t in range(steps):
