@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
-from keras_skip import multi_worker
+from keras_skip import _compat, multi_worker
+
+
+def votes(strategy) -> tuple:
+    """The variable holding this worker's stop vote under several workers
+    (not an optimizer variable: not saved, and 0 outside a request), or
+    none."""
+    if not _compat.is_multi_worker(strategy):
+        return ()
+    with strategy.scope():
+        vote = tf.Variable(
+            0.0,
+            trainable=False,
+            name="stop_vote",
+            aggregation=tf.VariableAggregation.NONE,
+        )
+    return (vote,)
 
 
 class StopAgreement(keras.callbacks.Callback):

@@ -21,6 +21,7 @@ from keras_skip import (
     _replica_state,
     _slots,
     _step,
+    _stop_agreement,
 )
 from keras_skip.steering import Steering
 from keras_skip.steering import write as _set
@@ -398,6 +399,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     @_compat.untracked_method
     def build(self, var_list):
         strategy = tf.distribute.get_strategy()
+        with _compat.created_alike(strategy):  # all start alike: no broadcast
+            self._build(var_list, strategy)
+
+    def _build(self, var_list, strategy):
         _arguments.check_building_in(
             self, self.inner_optimizer, self.outer_optimizer, strategy
         )
@@ -454,7 +459,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             payload=lambda: self._averager.payload(include_slots=False),
             buffers=_overlap.Buffers(strategy),
         )
-        self._build_votes(strategy)
+        object.__setattr__(self, "_votes", _stop_agreement.votes(strategy))
         self._slots = _slots.build(
             self._optimizer_state, self.inner_optimizer, self.add_variable, slot_starts
         )
@@ -534,18 +539,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             carried=self._schedule.carried,
             full_at=self._schedule.full_at,
         )
-
-    def _build_votes(self, strategy) -> None:
-        if _compat.is_multi_worker(strategy):
-            # Not an optimizer variable: not saved, and 0 outside a request.
-            with strategy.scope():
-                vote = tf.Variable(
-                    0.0,
-                    trainable=False,
-                    name="stop_vote",
-                    aggregation=tf.VariableAggregation.NONE,
-                )
-            object.__setattr__(self, "_votes", (vote,))
 
     def _link_replica_state(self) -> None:
         owners = [c for c in self._corrections if c is not None]

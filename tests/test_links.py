@@ -284,3 +284,39 @@ def test_delayed_averages_send_no_more_bytes_than_the_same_averages(tmp_path):
     # 8 averages of the model each way, whatever the overlap.
     assert sent[False] > 8 * model_bytes
     assert sent[3] < sent[False] + model_bytes / 4, sent
+
+
+def test_an_optimizers_variables_cross_no_link_when_created(tmp_path):
+    """Momentum slots, the outer step's period starts and its momentum
+    start from zeros on every worker: creating them sends nothing
+    (MultiWorkerMirroredStrategy would broadcast each from worker 0, a copy
+    of the model apiece), so the same averages cost the same bytes with them
+    and without."""
+    from test_multi_worker import WORKER
+
+    width = 4096
+    model_bytes = 4 * (6 * width + width + width + 1)
+    plain = {"correction": 1.0, "momentum": 0.0}
+    richer = {"correction": 1.0, "momentum": 0.9, "outer": [0.7, 0.9]}
+    sent = {}
+    for name, options in (("plain", plain), ("richer", richer)):
+        config = {
+            "interval": 4,
+            "epochs": 2,
+            "width": width,
+            "out": str(tmp_path / name),
+            **options,
+        }
+        (tmp_path / name).mkdir()
+        with relay.RelayNetwork(2, bandwidth=None, latency="0ms") as network:
+            result = launcher.launch(
+                [*WORKER, json.dumps(config)],
+                2,
+                timeout=300,
+                log_dir=tmp_path / name,
+                cluster=network.cluster,
+            )
+            sent[name] = max(network.transmitted_bytes())
+        assert result.ok, result.failure_report()
+    assert sent["plain"] > 8 * model_bytes  # the averages
+    assert sent["richer"] < sent["plain"] + model_bytes / 4, sent

@@ -22,11 +22,13 @@ Its modules: `versions` (the range checked, and the warning outside it),
 wrapped optimizer's own hooks), `originals` (Keras' functions before any
 patch), `epochs` (reading epochs without per-step agreement), `logs` (the
 train function and its logs), `fixes` (what is set on a model, and the
-explicit opt-in), `collectives` (keys and failure detection).
+explicit opt-in), `collectives` (keys, variables created without a
+broadcast, and failure detection).
 """
 
 from keras_skip._compat.collectives import (
     configure_peer_timeout,
+    created_alike,
     isolate_collective_keys,
 )
 from keras_skip._compat.epochs import (
@@ -98,6 +100,7 @@ __all__ = [
     "check_versions",
     "clip_gradients",
     "configure_peer_timeout",
+    "created_alike",
     "creation_strategy",
     "global_metrics_result",
     "install_model_hook",

@@ -1,7 +1,10 @@
-"""Collectives: keys no other strategy uses, and how fast surviving workers
-notice a dead peer."""
+"""Collectives: keys no other strategy uses, variables created without a
+broadcast, and how fast surviving workers notice a dead peer."""
 
 from __future__ import annotations
+
+import contextlib
+import functools
 
 import tensorflow as tf
 
@@ -40,6 +43,48 @@ def isolate_collective_keys(strategy) -> None:
     for launcher in collective._launchers:
         launcher._group_key = group_key
     strategy._keras_skip_isolated = True
+
+
+@contextlib.contextmanager
+def created_alike(strategy):
+    """Variables created inside take their initial value on every worker as
+    it is, instead of receiving worker 0's.
+
+    ``MultiWorkerMirroredStrategy`` broadcasts every new variable's initial
+    value from worker 0, so that random initial weights agree. An
+    optimizer's variables start from zeros or constants, the same on every
+    worker by construction; broadcasting them puts a copy of the model on
+    the wire for each kind (corrections, slots, period starts, compression
+    errors) while the first step waits. Inside, the strategy creates
+    variables as ``MirroredStrategy`` does (the first device's initial value,
+    copied to the worker's other devices). Every worker must create the same
+    variables inside, as they do when the optimizer is built: the collective
+    keys the skipped broadcasts would have taken are then skipped alike.
+    Uses ``MirroredExtended._get_variable_creator_initial_value`` (tensorflow
+    2.19-2.21).
+    """
+    extended = strategy.extended
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or (
+        getattr(extended, "_num_workers", 1) <= 1
+    ):
+        yield
+        return
+    from tensorflow.python.distribute import mirrored_strategy
+
+    name = "_get_variable_creator_initial_value"
+    before = extended.__dict__.get(name)
+    setattr(
+        extended,
+        name,
+        functools.partial(getattr(mirrored_strategy.MirroredExtended, name), extended),
+    )
+    try:
+        yield
+    finally:
+        if before is None:
+            delattr(extended, name)
+        else:
+            setattr(extended, name, before)
 
 
 # ---------------------------------------------------------------------------
