@@ -60,7 +60,9 @@ def created_alike(strategy):
     copied to the worker's other devices). Every worker must create the same
     variables inside, as they do when the optimizer is built: the collective
     keys the skipped broadcasts would have taken are then skipped alike.
-    Uses ``MirroredExtended._get_variable_creator_initial_value`` (tensorflow
+    An optimizer whose variables started from unseeded random values would
+    start apart across workers here; no Keras optimizer does. Uses
+    ``MirroredExtended._get_variable_creator_initial_value`` (tensorflow
     2.19-2.21).
     """
     extended = strategy.extended
