@@ -1,0 +1,316 @@
+"""Tables and heat maps of the efficiency map, from its JSON results.
+
+    python -m keras_skip.bench.efficiency.report KIND docs/results/efficiency.json
+    python -m keras_skip.bench.efficiency.report refresh docs/efficiency.md
+    python -m keras_skip.bench.efficiency.report heatmap RESULTS.json IMAGE.png
+
+``KIND`` is one of:
+
+- ``steps``: per cell (a row) and method (a column), the steps to the
+  target, the mean over seeds, and its ratio to the best method of the cell;
+- ``final``: the same for the final validation metric (accuracy, or for the
+  language model loss), and its ratio to the best;
+- ``detail``: a row per cell and method: seeds, steps to the target (mean
+  and range), final metric (mean and range, perplexity for the language
+  model), averages;
+- ``coverage``: every cell of the full map, and how many of its runs the
+  results hold.
+
+Steps to the target are read from each run's curve on the cell's grid:
+the first evaluation (all right after an average) at which the metric
+reaches the workload's target. ``refresh`` prints again every table of a
+page between its markers::
+
+    <!-- generated: python -m keras_skip.bench.efficiency.report KIND FILE -->
+    ...
+    <!-- end of generated table -->
+
+with the file named relative to the repository's root (the page's
+grandparent directory).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+
+from keras_skip.bench.efficiency import cells as map_cells
+
+NOT_REACHED = "not reached"
+
+
+def load(path: str | pathlib.Path) -> dict:
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def steps_to_target(
+    curve: list, target: float, higher_is_better: bool, grid: int
+) -> int | None:
+    """The first step of ``curve`` (``[step, loss, accuracy]`` rows) on the
+    ``grid`` (or the last step) whose metric reaches ``target``."""
+    last = curve[-1][0]
+    for step, loss, accuracy in curve:
+        if step == 0 or (step % grid and step != last):
+            continue
+        value = accuracy if higher_is_better else loss
+        if (value >= target) if higher_is_better else (value <= target):
+            return int(step)
+    return None
+
+
+def run_key(cell: dict, method: str, seed: int) -> str:
+    cell_ = map_cells.Cell(
+        cell["workload"],
+        cell["inner"],
+        cell["shards"],
+        cell["interval"],
+        cell["replicas"],
+    )
+    return map_cells.Run(cell_, method, seed).key
+
+
+def summarize(result: dict, cell: dict) -> dict[str, dict]:
+    """Per method of ``cell`` with runs in ``result``: the steps to the
+    target and final metric of each seed, their means, and ratios to the
+    best method of the cell (``None`` where no seed reached the target)."""
+    spec = result["workloads"][cell["workload"]]
+    higher = spec["metric"] == "accuracy"
+    runs = {r["key"]: r for r in result["runs"]}
+    found: dict[str, dict] = {}
+    for method in cell["methods"]:
+        steps, finals, perplexities, averages = [], [], [], []
+        for seed in cell["seeds"]:
+            run = runs.get(run_key(cell, method, seed))
+            if run is None:
+                continue
+            steps.append(
+                steps_to_target(run["curve"], spec["target"], higher, cell["grid"])
+            )
+            finals.append(run["final_accuracy"] if higher else run["final_loss"])
+            perplexities.append(run.get("final_perplexity"))
+            averages.append(run["averages"])
+        if not finals:
+            continue
+        reached = [s for s in steps if s is not None]
+        found[method] = {
+            "seeds": len(finals),
+            "steps": steps,
+            # A seed that never reached the target counts as not reached.
+            "mean_steps": statistics.mean(reached)
+            if len(reached) == len(steps)
+            else None,
+            "finals": finals,
+            "mean_final": statistics.mean(finals),
+            "perplexity": (
+                statistics.mean(perplexities) if None not in perplexities else None
+            ),
+            "averages": max(averages),
+        }
+    reached = [m["mean_steps"] for m in found.values() if m["mean_steps"] is not None]
+    best_steps = min(reached, default=None)
+    best_final = (
+        (max if higher else min)(m["mean_final"] for m in found.values())
+        if found
+        else None
+    )
+    for m in found.values():
+        m["steps_vs_best"] = (
+            m["mean_steps"] / best_steps if m["mean_steps"] is not None else None
+        )
+        m["final_vs_best"] = m["mean_final"] / best_final if best_final else None
+    return found
+
+
+def _methods(result: dict) -> list[str]:
+    present = {m for cell in result["cells"] for m in cell["methods"]}
+    return [m for m in map_cells.METHODS if m in present]
+
+
+def _label(cell: dict, result: dict) -> str:
+    seeds = len(cell["seeds"])
+    return f"`{cell['id']}` ({seeds} seed{'s' if seeds > 1 else ''})"
+
+
+def _matrix(result: dict, entry) -> str:
+    methods = _methods(result)
+    lines = [
+        "| cell | target | " + " | ".join(methods) + " |",
+        "|---|---|" + "---|" * len(methods),
+    ]
+    for cell in result["cells"]:
+        summary = summarize(result, cell)
+        if not summary:
+            continue
+        spec = result["workloads"][cell["workload"]]
+        sign = ">=" if spec["metric"] == "accuracy" else "<="
+        target = f"{spec['metric']} {sign} {spec['target']:g}"
+        row = [entry(summary[m]) if m in summary else "" for m in methods]
+        lines.append(f"| {_label(cell, result)} | {target} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def steps_table(result: dict) -> str:
+    """Steps to the target per cell and method, and ratio to the best."""
+
+    def entry(m):
+        if m["mean_steps"] is None:
+            return NOT_REACHED
+        return f"{m['mean_steps']:.0f} ({m['steps_vs_best']:.2f}x)"
+
+    return _matrix(result, entry)
+
+
+def final_table(result: dict) -> str:
+    """Final validation metric per cell and method, and ratio to the best."""
+    return _matrix(
+        result, lambda m: f"{m['mean_final']:.4f} ({m['final_vs_best']:.3f}x)"
+    )
+
+
+def detail_table(result: dict) -> str:
+    """A row per cell and method, every seed."""
+    lines = [
+        "| cell | method | seeds | steps to target (range) | vs best "
+        "| final metric (range) | vs best | perplexity | averages |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in result["cells"]:
+        summary = summarize(result, cell)
+        for method in map_cells.METHODS:
+            if method not in summary:
+                continue
+            m = summary[method]
+            steps = [s for s in m["steps"] if s is not None]
+            if m["mean_steps"] is None:
+                shown = f"{NOT_REACHED} ({len(steps)} of {m['seeds']} seeds)"
+                ratio = ""
+            else:
+                shown = f"{m['mean_steps']:.0f} ({min(steps)}-{max(steps)})"
+                ratio = f"{m['steps_vs_best']:.2f}x"
+            final = (
+                f"{m['mean_final']:.4f} ({min(m['finals']):.4f}-{max(m['finals']):.4f})"
+            )
+            perplexity = "" if m["perplexity"] is None else f"{m['perplexity']:.2f}"
+            if result["workloads"][cell["workload"]]["metric"] == "accuracy":
+                perplexity = ""
+            lines.append(
+                f"| `{cell['id']}` | {map_cells.METHODS[method].label} | {m['seeds']} "
+                f"| {shown} | {ratio} | {final} | {m['final_vs_best']:.3f}x "
+                f"| {perplexity} | {m['averages']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def coverage_table(result: dict) -> str:
+    """Every cell of the full map: the runs it needs and those done."""
+    done = {r["key"] for r in result["runs"]}
+    lines = ["| cell | methods | seeds | runs done |", "|---|---|---|---|"]
+    for cell in map_cells.full_map():
+        keys = {r.key for r in map_cells.runs_of([cell])}
+        lines.append(
+            f"| `{cell.id}` | {len(cell.methods)} | {len(cell.seeds)} "
+            f"| {len(keys & done)} of {len(keys)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+KINDS = {
+    "steps": steps_table,
+    "final": final_table,
+    "detail": detail_table,
+    "coverage": coverage_table,
+}
+
+
+def render(kind: str, path: str | pathlib.Path) -> str:
+    """The table ``kind`` (one of :data:`KINDS`) of the results at ``path``."""
+    if kind not in KINDS:
+        raise ValueError(f"table kind {kind!r} is not one of {sorted(KINDS)}")
+    return KINDS[kind](load(path))
+
+
+GENERATED = re.compile(
+    r"(<!-- generated: python -m keras_skip\.bench\.efficiency\.report "
+    r"(\w+) ([^>]*) -->\n)"
+    r"(.*?)(<!-- end of generated table -->\n)",
+    flags=re.S,
+)
+
+
+def refresh(page: str | pathlib.Path) -> int:
+    """Prints again every generated table of ``page``; returns how many."""
+    page = pathlib.Path(page)
+    root = page.resolve().parent.parent
+    text = page.read_text()
+
+    def table(match: re.Match) -> str:
+        return match[1] + render(match[2], root / match[3].strip()) + match[5]
+
+    page.write_text(GENERATED.sub(table, text))
+    return len(GENERATED.findall(text))
+
+
+def heatmap(result: dict, image: str | pathlib.Path) -> None:
+    """Cells (rows) by methods (columns): steps to the target against the
+    best of the cell (left) and the final metric against the best (right),
+    as a PNG. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    methods = _methods(result)
+    rows = [(c, summarize(result, c)) for c in result["cells"]]
+    rows = [(c, s) for c, s in rows if s]
+    shape = (len(rows), len(methods))
+    steps, finals = np.full(shape, np.nan), np.full(shape, np.nan)
+    for i, (_, summary) in enumerate(rows):
+        for j, method in enumerate(methods):
+            m = summary.get(method)
+            if m is None:
+                continue
+            steps[i, j] = m["steps_vs_best"] if m["steps_vs_best"] else 3.0
+            finals[i, j] = m["final_vs_best"]
+    figure, axes = plt.subplots(1, 2, figsize=(12, 1.2 + 0.4 * len(rows)))
+    titles = ("steps to target / best (not reached: 3)", "final metric / best")
+    for axis, values, title in zip(axes, (steps, finals), titles, strict=True):
+        shown = axis.imshow(values, cmap="viridis_r", aspect="auto")
+        axis.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+        axis.set_yticks(range(len(rows)), [c["id"] for c, _ in rows], fontsize=7)
+        axis.set_title(title, fontsize=9)
+        for (i, j), value in np.ndenumerate(values):
+            if not np.isnan(value):
+                axis.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        figure.colorbar(shown, ax=axis)
+    figure.tight_layout()
+    figure.savefig(image, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = "python -m keras_skip.bench.efficiency.report"
+    try:
+        if len(argv) == 2 and argv[0] == "refresh":
+            print(f"{refresh(argv[1])} tables printed again in {argv[1]}")
+            return 0
+        if len(argv) == 3 and argv[0] == "heatmap":
+            heatmap(load(argv[1]), argv[2])
+            return 0
+        if len(argv) == 2 and argv[0] in KINDS:
+            print(render(argv[0], argv[1]), end="")
+            return 0
+    except (ValueError, KeyError, OSError) as error:
+        print(f"{name} {argv[0]}: {error}", file=sys.stderr)
+        return 2
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

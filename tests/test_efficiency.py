@@ -1,0 +1,356 @@
+"""The statistical-efficiency benchmark (``keras_skip.bench.efficiency``):
+its shards, its text, that replica i trains on shard i, the tables made
+from its results, and a reduced map run as a smoke test (nothing timed)."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from conftest import components, mirrored
+
+from keras_skip.bench.efficiency import cells, data, report
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# --- Dirichlet shards ---------------------------------------------------------
+
+
+def labels(count=4000, classes=10, seed=0):
+    return np.random.default_rng(seed).integers(0, classes, count)
+
+
+@pytest.mark.parametrize("kind", ["iid", "dirichlet1.0", "dirichlet0.1"])
+def test_shards_partition_the_data(kind):
+    y = labels()
+    shards = data.label_shards(y, 8, kind, seed=3)
+    assert len(shards) == 8
+    assert np.array_equal(np.sort(np.concatenate(shards)), np.arange(len(y)))
+    assert min(len(s) for s in shards) >= 32
+
+
+def test_skew_grows_as_alpha_falls():
+    y = labels()
+    mean_skew = {
+        kind: np.mean(
+            [data.skew(y, data.label_shards(y, 8, kind, s)) for s in range(5)]
+        )
+        for kind in ("iid", "dirichlet10.0", "dirichlet1.0", "dirichlet0.1")
+    }
+    values = list(mean_skew.values())
+    assert values == sorted(values), mean_skew
+    assert mean_skew["iid"] < 0.1 < 0.5 < mean_skew["dirichlet0.1"]
+
+
+def test_shards_are_deterministic_by_seed():
+    y = labels()
+    first = data.label_shards(y, 4, "dirichlet0.1", seed=7)
+    again = data.label_shards(y, 4, "dirichlet0.1", seed=7)
+    other = data.label_shards(y, 4, "dirichlet0.1", seed=8)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(
+        len(a) == len(b) and np.array_equal(a, b)
+        for a, b in zip(first, other, strict=True)
+    )
+
+
+def test_bad_shard_kinds_are_refused():
+    with pytest.raises(ValueError, match="dirichletALPHA"):
+        data.label_shards(labels(), 4, "dirichlet-1", 0)
+    with pytest.raises(ValueError, match="need more than"):
+        data.dirichlet_shards(labels(100), 8, 0.1, 0, min_size=32)
+
+
+# --- the language model's text -----------------------------------------------
+
+
+def test_stdlib_files_are_sorted_and_leave_out_tests(tmp_path):
+    for name in ("b.py", "a/z.py", "a/b.py", "test/t.py", "x/tests/u.py", "c.txt"):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {name}\n")
+    found = [p.relative_to(tmp_path).as_posix() for p in data.stdlib_files(tmp_path)]
+    assert found == ["a/b.py", "a/z.py", "b.py"]
+
+
+def test_the_corpus_is_the_same_on_every_load_and_shards_by_file():
+    first = data.load_corpus(max_train_tokens=400_000)
+    again = data.load_corpus(max_train_tokens=400_000)
+    assert first.digest == again.digest
+    assert first.train_files == again.train_files == sorted(first.train_files)
+    assert set(first.train_files).isdisjoint(first.validation_files)
+    assert first.train_tokens > 100_000
+    assert max(max(t) for t in first.train_texts) < data.VOCABULARY
+
+    runs = data.file_runs(first.train_texts, 4)
+    assert [t for run in runs for t in run] == first.train_texts  # contiguous files
+    shards = data.text_shards(first, 4, "files", seed=0)
+    for run, shard in zip(runs, shards, strict=True):
+        assert np.array_equal(shard, np.concatenate(run))
+    sizes = [len(s) for s in shards]
+    assert max(sizes) < 3 * min(sizes)
+    iid = data.text_shards(first, 4, "iid", seed=0)
+    assert all(np.array_equal(s, np.concatenate(first.train_texts)) for s in iid)
+
+
+def test_windows_are_next_character_pairs():
+    tokens = np.arange(100, dtype=np.uint8)
+    rows = data.windows(tokens, 8, 5, seed=1)
+    assert rows.shape == (5, 9)
+    assert np.array_equal(rows[:, 1:], rows[:, :-1] + 1)
+    assert np.array_equal(rows, data.windows(tokens, 8, 5, seed=1))
+
+
+# --- replica i reads and trains on shard i ------------------------------------
+
+
+def quick_dataset(kind="dirichlet0.1"):
+    from keras_skip.bench.efficiency import train
+
+    return train.Dataset(cells.workload("mlp", quick=True))
+
+
+def test_replica_i_reads_shard_i_only():
+    dataset = quick_dataset()
+    strategy = mirrored(4)
+    shards = dataset.shards("dirichlet0.1", 4)
+    rows_of = [{dataset.x[k].tobytes() for k in shard} for shard in shards]
+    iterator = iter(dataset.distributed(strategy, "dirichlet0.1", seed=0))
+    for _ in range(3):
+        xs, ys = next(iterator)
+        per_replica = zip(
+            strategy.experimental_local_results(xs),
+            strategy.experimental_local_results(ys),
+            strict=True,
+        )
+        for i, (x, y) in enumerate(per_replica):
+            x, y = np.asarray(x), np.asarray(y)
+            assert len(x) == dataset.spec.batch
+            assert {row.tobytes() for row in x} <= rows_of[i]
+            assert set(y.tolist()) <= set(dataset.y[shards[i]].tolist())
+
+
+def test_replica_i_trains_on_shard_i_in_fit():
+    """Inputs are one-hot codes of the label, so a local step from a zero
+    kernel moves only the rows of the labels the replica saw: each replica's
+    rows are those of its own shard's labels."""
+    import keras
+
+    import keras_skip
+
+    dataset = quick_dataset()
+    dataset.x = np.zeros_like(dataset.x)
+    dataset.x[np.arange(len(dataset.y)), dataset.y] = 1.0
+    shards = dataset.shards("dirichlet0.1", 4)
+    strategy = mirrored(4)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((784,)),
+                keras.layers.Dense(10, use_bias=False, kernel_initializer="zeros"),
+            ]
+        )
+        model.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(
+                keras.optimizers.SGD(0.1), interval=1000, correction=0.0
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    moved = []
+
+    class AfterFirstStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                for kernel in components(model.layers[0].kernel):
+                    moved.append(set(np.flatnonzero(np.abs(kernel).sum(axis=1))))
+
+    model.fit(
+        dataset.distributed(strategy, "dirichlet0.1", seed=0),
+        epochs=1,
+        steps_per_epoch=2,
+        verbose=0,
+        callbacks=[keras_skip.SkipCorrectionCallback(), AfterFirstStep()],
+    )
+    assert len(moved) == 4
+    for i, rows in enumerate(moved):
+        assert rows and rows <= set(dataset.y[shards[i]].tolist()), (i, rows)
+    assert len({frozenset(r) for r in moved}) > 1
+
+
+# --- the map's design ----------------------------------------------------------
+
+
+def test_the_full_map_holds_the_key_cells_and_fits_its_budget():
+    full = cells.full_map()
+    ids = [c.id for c in full]
+    assert len(ids) == len(set(ids))
+    for name, shards in (("cnn", "dirichlet0.1"), ("lm", "files")):
+        key = next(c for c in full if c.id == f"{name}/adamw/{shards}/H128/r8")
+        assert key.seeds == cells.KEY_SEEDS and key.methods == cells.ALL_METHODS
+    runs = cells.runs_of(full)
+    assert len({r.key for r in runs}) == len(runs)
+    assert cells.estimate_seconds(runs) < 3.5 * 3600
+    for cell in full:
+        spec = cells.workload(cell.workload)
+        assert spec.steps % cells.grid(cell, spec) == 0
+
+
+def test_synchronous_runs_are_shared_across_intervals():
+    a = cells.Cell("cnn", "adamw", "iid", 8, 8, ("sync", "skip"))
+    b = cells.Cell("cnn", "adamw", "iid", 32, 8, ("sync", "skip"))
+    keys = [r.key for r in cells.runs_of([a, b])]
+    assert keys == ["cnn/adamw/iid/r8/s0/sync", a.id + "/s0/skip", b.id + "/s0/skip"]
+
+
+def test_cells_select_and_refuse_clearly():
+    full = cells.full_map()
+    chosen = cells.select(full, ["cnn/adamw/*/H128/r8"], ["sync", "skip"], [5])
+    assert {c.id for c in chosen} == {
+        "cnn/adamw/dirichlet0.1/H128/r8",
+        "cnn/adamw/dirichlet1.0/H128/r8",
+        "cnn/adamw/iid/H128/r8",
+    }
+    assert all(c.methods == ("sync", "skip") and c.seeds == (5,) for c in chosen)
+    extra = cells.select(full, ["mlp/sgdm/iid/H8/r2"])
+    assert extra[0].replicas == 2
+    for bad, message in (
+        (["cnn/adamw/files/H8/r8"], "shards of cnn"),
+        (["cnn/adam/iid/H8/r8"], "inner"),
+        (["nothing*"], "no cell matches"),
+        (["cnn/adamw"], "expected WORKLOAD"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            cells.select(full, bad)
+    with pytest.raises(ValueError, match="method"):
+        cells.select(full, None, ["diloco"])
+
+
+def test_the_command_line_refuses_clearly(capsys):
+    from keras_skip.bench.efficiency.__main__ import main
+
+    assert main(["--cells", "cnn/adamw/files/H8/r8", "--out", "x.json"]) == 2
+    assert "shards of cnn" in capsys.readouterr().err
+    assert main(["--quick"]) == 2
+    assert "--out is needed" in capsys.readouterr().err
+    assert main(["--steps", "100", "--cells", "cnn/adamw/iid/H128/r8", "--list"]) == 2
+    assert "multiple of the evaluation grid" in capsys.readouterr().err
+    assert main(["--list"]) == 0
+    assert "124 runs" in capsys.readouterr().out
+
+
+# --- tables from the results ----------------------------------------------------
+
+
+def fake_result():
+    cell = {
+        "id": "mlp/sgdm/iid/H8/r4",
+        "workload": "mlp",
+        "inner": "sgdm",
+        "shards": "iid",
+        "interval": 8,
+        "replicas": 4,
+        "methods": ["sync", "skip"],
+        "seeds": [0, 1],
+        "grid": 16,
+    }
+
+    def run(key, accuracies):
+        curve = [[16 * i, 1.0, a] for i, a in enumerate(accuracies)]
+        return {
+            "key": key,
+            "curve": curve,
+            "final_accuracy": accuracies[-1],
+            "final_loss": 1.0,
+            "final_perplexity": 2.7,
+            "averages": 4,
+        }
+
+    return {
+        "workloads": {"mlp": {"metric": "accuracy", "target": 0.8}},
+        "cells": [cell],
+        "runs": [
+            run("mlp/sgdm/iid/r4/s0/sync", [0.1, 0.5, 0.8, 0.9]),
+            run("mlp/sgdm/iid/r4/s1/sync", [0.1, 0.85, 0.9, 0.9]),
+            run("mlp/sgdm/iid/H8/r4/s0/skip", [0.1, 0.5, 0.7, 0.95]),
+            run("mlp/sgdm/iid/H8/r4/s1/skip", [0.1, 0.5, 0.7, 0.75]),
+        ],
+    }
+
+
+def test_steps_to_target_read_on_the_grid():
+    curve = [[0, 2.0, 0.1], [8, 1.0, 0.9], [16, 0.9, 0.91], [24, 0.5, 0.95]]
+    assert report.steps_to_target(curve, 0.9, True, 8) == 8
+    assert report.steps_to_target(curve, 0.9, True, 16) == 16
+    assert report.steps_to_target(curve, 0.95, True, 16) == 24  # the last step
+    assert report.steps_to_target(curve, 0.4, False, 8) is None
+
+
+def test_tables_from_the_results():
+    result = fake_result()
+    summary = report.summarize(result, result["cells"][0])
+    assert summary["sync"]["steps"] == [32, 16]
+    assert summary["sync"]["mean_steps"] == 24
+    assert summary["skip"]["steps"] == [48, None]
+    assert summary["skip"]["mean_steps"] is None  # one seed never reached it
+    assert summary["skip"]["final_vs_best"] == pytest.approx(0.85 / 0.9)
+    steps = report.steps_table(result)
+    assert "| 24 (1.00x) | not reached |" in steps
+    final = report.final_table(result)
+    assert "0.9000 (1.000x)" in final and "0.8500 (0.944x)" in final
+    detail = report.detail_table(result)
+    assert "not reached (1 of 2 seeds)" in detail and "24 (16-32)" in detail
+
+
+def test_refresh_rewrites_the_tables_between_markers(tmp_path):
+    (tmp_path / "docs").mkdir()
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps(fake_result()))
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(
+        "Intro\n\n<!-- generated: python -m keras_skip.bench.efficiency.report "
+        "steps r.json -->\nstale\n<!-- end of generated table -->\nAfter\n"
+    )
+    assert report.refresh(page) == 1
+    text = page.read_text()
+    assert "stale" not in text and report.steps_table(fake_result()) in text
+    assert text.startswith("Intro") and text.endswith("After\n")
+
+
+def test_the_docs_page_shows_what_the_results_print():
+    page = (ROOT / "docs" / "efficiency.md").read_text()
+    generated = report.GENERATED.findall(page)
+    assert {kind for _, kind, _, _, _ in generated} >= {"steps", "final", "coverage"}
+    for _, kind, path, shown, _ in generated:
+        assert shown == report.render(kind, ROOT / path.strip()), (kind, path)
+    result = report.load(ROOT / "docs" / "results" / "efficiency.json")
+    assert result["command"].startswith("python -m keras_skip.bench.efficiency")
+    assert "/tmp" not in json.dumps(result)
+
+
+# --- the reduced map, end to end --------------------------------------------------
+
+
+def test_a_reduced_map_runs_end_to_end(tmp_path):
+    """One tiny cell, 1 seed, 48 steps, through the command line: a smoke
+    test of the whole path, never timed."""
+    from keras_skip.bench.efficiency.__main__ import main
+
+    out = tmp_path / "map.json"
+    argv = ["--quick", "--cells", "mlp/sgdm/dirichlet0.1/H8/r4"]
+    argv += ["--methods", "sync", "local", "skip", "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python -m keras_skip.bench.efficiency --quick")
+    assert result["machine"] and result["date"]
+    runs = {r["method"]: r for r in result["runs"]}
+    assert set(runs) == {"sync", "local", "skip"}
+    for method, run in runs.items():
+        assert [p[0] for p in run["curve"]] == [0, 16, 32, 48]
+        assert run["max_spread_at_evaluations"] < 1e-6  # evaluated after averages
+        assert run["averages"] == (0 if method == "sync" else 6)
+        assert run["curve"][-1][1] < run["curve"][0][1]  # it learnt something
+    # --resume keeps what is there and runs nothing more.
+    assert main([*argv, "--resume"]) == 0
+    assert len(json.loads(out.read_text())["runs"]) == 3
+    assert "mlp/sgdm/dirichlet0.1/H8/r4" in report.steps_table(result)
