@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 import statistics
 import sys
 from collections.abc import Sequence
 
 from keras_skip.bench.efficiency import cells as map_cells
+from keras_skip.bench.reports import pages
 
 NOT_REACHED = "not reached"
 
@@ -233,25 +233,14 @@ def render(kind: str, path: str | pathlib.Path) -> str:
     return KINDS[kind](load(path))
 
 
-GENERATED = re.compile(
-    r"(<!-- generated: python -m keras_skip\.bench\.efficiency\.report "
-    r"(\w+) ([^>]*) -->\n)"
-    r"(.*?)(<!-- end of generated table -->\n)",
-    flags=re.S,
-)
+GENERATED = pages.generated("keras_skip.bench.efficiency.report")
 
 
 def refresh(page: str | pathlib.Path) -> int:
     """Prints again every generated table of ``page``; returns how many."""
-    page = pathlib.Path(page)
-    root = page.resolve().parent.parent
-    text = page.read_text()
-
-    def table(match: re.Match) -> str:
-        return match[1] + render(match[2], root / match[3].strip()) + match[5]
-
-    page.write_text(GENERATED.sub(table, text))
-    return len(GENERATED.findall(text))
+    return pages.refresh(
+        page, GENERATED, lambda kind, path, root: render(kind, root / path.strip())
+    )
 
 
 def heatmap(result: dict, image: str | pathlib.Path) -> None:

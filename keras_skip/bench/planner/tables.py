@@ -17,11 +17,11 @@
 from __future__ import annotations
 
 import pathlib
-import re
 import sys
 
 from keras_skip import planner
 from keras_skip.bench.planner import check
+from keras_skip.bench.reports import pages
 
 #: The scale page's models: trainable values, seconds of one local step on
 #: one worker, and steps an epoch (see docs/planner.md for where the step
@@ -87,11 +87,7 @@ def check_table(directory: str | pathlib.Path) -> str:
 
 KINDS = {"check": check_table, "scale": scale_table}
 
-GENERATED = re.compile(
-    r"(<!-- generated: python -m keras_skip\.bench\.planner\.tables (\w+) (\S+) -->\n)"
-    r"(.*?)(<!-- end of generated table -->\n)",
-    flags=re.S,
-)
+GENERATED = pages.generated("keras_skip.bench.planner.tables")
 
 
 def render(kind: str, argument: str, root: pathlib.Path | None = None) -> str:
@@ -106,14 +102,7 @@ def render(kind: str, argument: str, root: pathlib.Path | None = None) -> str:
 
 def refresh(page: str | pathlib.Path) -> int:
     """Prints again every generated table of ``page``; returns how many."""
-    page = pathlib.Path(page)
-    root = page.resolve().parent.parent
-    text = page.read_text()
-    count = len(GENERATED.findall(text))
-    page.write_text(
-        GENERATED.sub(lambda m: m[1] + render(m[2], m[3], root) + m[5], text)
-    )
-    return count
+    return pages.refresh(page, GENERATED, render)
 
 
 def main(argv: list[str] | None = None) -> int:

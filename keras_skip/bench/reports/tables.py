@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 import statistics
 import sys
 from collections.abc import Sequence
 
 from keras_skip._units import parse_duration
-from keras_skip.bench.reports import peer
+from keras_skip.bench.reports import pages, peer
 from keras_skip.bench.reports.script_tables import (
     interval_table,
     slots_table,
@@ -321,28 +320,17 @@ def render(kind: str, paths: Sequence[str | pathlib.Path]) -> str:
     return KINDS[kind]([load(path) for path in paths])
 
 
-GENERATED = re.compile(
-    r"(<!-- generated: python -m keras_skip\.bench\.reports\.tables "
-    r"(\w+) ([^>]*) -->\n)"
-    r"(.*?)(<!-- end of generated table -->\n)",
-    flags=re.S,
-)
+GENERATED = pages.generated("keras_skip.bench.reports.tables")
 
 
 def refresh(page: str | pathlib.Path) -> int:
     """Prints again every generated table of the Markdown file ``page`` from
     the results it names; returns how many tables it holds."""
-    page = pathlib.Path(page)
-    root = page.resolve().parent.parent
-    text = page.read_text()
-    count = len(GENERATED.findall(text))
-
-    def table(match: re.Match) -> str:
-        paths = [root / path for path in match[3].split()]
-        return match[1] + render(match[2], paths) + match[5]
-
-    page.write_text(GENERATED.sub(table, text))
-    return count
+    return pages.refresh(
+        page,
+        GENERATED,
+        lambda kind, paths, root: render(kind, [root / p for p in paths.split()]),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
