@@ -248,7 +248,9 @@ def test_two_workers_train_through_the_relay_and_only_averages_wait(tmp_path):
     seconds = results[0]["seconds"]  # 16 steps, averages after steps 4, 8, ...
     averaging = [seconds[i] for i in range(len(seconds)) if (i + 1) % 4 == 0]
     local = [seconds[i] for i in range(1, len(seconds)) if (i + 1) % 4 != 0]
-    assert max(local) < 0.1, seconds
+    # A step that waited on the other worker would take a round trip.
+    assert np.median(local) < 0.05, seconds
+    assert max(local) < 0.2, seconds
     assert min(averaging) > 0.2, seconds
 
 

@@ -283,6 +283,7 @@ def main():
             self.first_step = None
             self.seen = 0  # training batches begun
             self.seconds = []  # of each execution of the train function
+            self.stamps = []  # (begin, end) wall-clock times of each execution
             self.batch_losses = []  # the loss in each execution's logs
             self.began = 0.0
 
@@ -302,9 +303,11 @@ def main():
                 time.sleep(config["delay"][1])
             self.seen += 1
             self.began = time.perf_counter()
+            self.began_at = time.time()
 
         def on_train_batch_end(self, batch, logs=None):
             self.seconds.append(time.perf_counter() - self.began)
+            self.stamps.append((self.began_at, time.time()))
             self.batch_losses.append(float(logs["loss"]))
             step = int(self.model.optimizer.iterations.numpy())
             if self.first_step is None:
@@ -367,6 +370,7 @@ def main():
         "after_average_digests": np.array([d for _, d in markers.after_averages]),
         "evaluate": model.evaluate(x[:64], y[:64], verbose=0),
         "seconds": np.array(markers.seconds),
+        "stamps": np.array(markers.stamps),
         "batch_losses": np.array(markers.batch_losses),
     }
     if config["inspect"]:
