@@ -23,7 +23,7 @@ import threading
 
 import tensorflow as tf
 
-from keras_skip import _checks, _compat, _overlap, _updates, tracing
+from keras_skip import _checks, _compat, _overlap, _updates, _worker_reduce, tracing
 from keras_skip.steering import read, write
 
 
@@ -57,29 +57,23 @@ class Flight:
         #: agree at every step on whether data remains (`fit` sets it).
         self.steps_exchange_nothing = not _compat.is_multi_worker(strategy)
         #: Whether the all-reduce runs in a thread beside the steps: across
-        #: workers with one device each, for an average of one all-reduce,
-        #: and on one worker with several devices, where the means are
-        #: reduced through one device (`tf.distribute.ReductionToOneDevice`)
-        #: rather than by collectives. Collectives between one worker's
-        #: devices run beside its steps were seen to wait for good (3 runs
-        #: in 13 with 4 logical CPU devices on 2 cores, none in 40 through
-        #: one device), and so was a compressed average's two all-reduces
-        #: (the 16-bit weights, then the rest in its own types; seen with
-        #: two workers on 2 busy cores). Otherwise (several workers with
-        #: several devices each, or compression across workers) it runs
-        #: right after the execution that took the copy; the mean still
-        #: lands by the same rule, so training is the same, and nothing is
-        #: hidden.
+        #: workers, and on one worker with several devices. Collectives that
+        #: join several devices of one worker, run beside its steps, were
+        #: seen to wait for good (3 runs in 13 with 4 logical CPU devices on
+        #: 2 cores), and so were a compressed average's two all-reduces (the
+        #: 16-bit weights, then the rest in its own types) across two
+        #: workers. So a worker with several devices reduces through its
+        #: first: on one worker with `tf.distribute.ReductionToOneDevice`
+        #: (none in 40), across workers with one collective per worker,
+        #: ordered (`_worker_reduce`), which a compressed average uses too.
         devices = len(strategy.extended.worker_devices)
         across_workers = _compat.is_multi_worker(strategy)
-        if across_workers:
-            self.threaded = devices == 1 and codec.all_reduces == 1
-        else:
-            self.threaded = devices > 1
-        #: How the thread reduces: the strategy's own cross-device ops
-        #: (None) across workers, else through one device.
+        self.threaded = across_workers or devices > 1
+        #: How the thread reduces: None for the strategy's own collectives.
         self._through = None
-        if self.threaded and not across_workers:
+        if across_workers and (devices > 1 or codec.all_reduces > 1):
+            self._through = _worker_reduce.ThroughOneDevicePerWorker(strategy)
+        elif not across_workers and devices > 1:
             self._through = tf.distribute.ReductionToOneDevice(
                 reduce_to_device=strategy.extended.worker_devices[0]
             )

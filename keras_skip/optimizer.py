@@ -138,8 +138,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             `model.fit`): the average sends the weights after the step it
             is due after, its all-reduce runs in a background thread while
             the next steps compute (under `MultiWorkerMirroredStrategy` with
-            one device per worker, data of known length and no compression;
-            elsewhere right after the execution that took the snapshot,
+            data of known length, and under `MirroredStrategy`; in a
+            custom loop right after the execution that took the snapshot,
             hiding nothing), and
             its mean lands between two executions of the train function
             once at least `k` local steps have run since (sooner if the

@@ -214,9 +214,9 @@ def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
 def test_compressed_averages_on_two_workers_equal_two_mirrored_replicas(
     tmp_path, overlap
 ):
-    """bfloat16 averages, also delayed (overlap=3 at interval 4), whose
-    buffers are made under the strategy, which broadcasts them from the
-    chief."""
+    """bfloat16 averages, also delayed (overlap=3 at interval 4, in a thread
+    beside the steps), whose buffers are made under the strategy, which
+    broadcasts them from the chief."""
     config = dict(
         interval=4 if overlap else 3,
         momentum=0.5,
@@ -227,6 +227,8 @@ def test_compressed_averages_on_two_workers_equal_two_mirrored_replicas(
     assert_two_workers_equal_two_mirrored_replicas(
         tmp_path, config, "compression", None
     )
+    threaded = [r["threaded"] for r in outputs(tmp_path, 2)]
+    assert threaded == [bool(overlap)] * 2
 
 
 @pytest.mark.slow
@@ -244,19 +246,21 @@ def test_overlapped_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path
 def test_delayed_averages_on_two_workers_equal_two_mirrored_replicas(
     tmp_path, local_devices
 ):
-    """overlap=3 at interval 4: with one device per worker the all-reduce
-    runs in a thread beside the next local steps (with two, right after the
-    execution that took the copy); the means land by the same rule as on
-    mirrored replicas of one process."""
+    """overlap=3 at interval 4: the all-reduce runs in a thread beside the
+    next local steps (with two devices per worker, through each worker's
+    first device); the means land by the same rule as on mirrored replicas
+    of one process."""
     config = dict(interval=4, momentum=0.5, epochs=2, overlap=3)
     if local_devices == 1:
         assert_two_workers_equal_two_mirrored_replicas(
             tmp_path, config, "overlap", False
         )
+        assert all(r["threaded"] for r in outputs(tmp_path, 2))
         return
     result = run_workers(tmp_path, 2, local_devices=2, **config)
     assert result.ok, result.failure_report()
     results = outputs(tmp_path, 2)
+    assert all(r["threaded"] for r in results)
     assert_workers_agree(results)
     # Worker w's device d trains on slot 2d + w of each global batch.
     weights, _ = mirrored_reference(4, slots=[0, 2, 1, 3], **config)
@@ -440,13 +444,19 @@ def test_dead_peer_ends_the_survivor_within_the_peer_timeout(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_peer_dead_while_a_delayed_average_flies_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("local_devices", [1, 2])
+def test_a_peer_dead_while_a_delayed_average_flies_is_a_clear_error(
+    tmp_path, local_devices
+):
     """overlap=3 at interval 4: worker 1 sleeps before its 4th step, whose
     copy worker 0 sends alone, and is killed; worker 0 steps on while its
-    all-reduce waits, then fails when the mean must land."""
+    all-reduce waits, then fails when the mean must land. With two devices
+    per worker the all-reduce is the one through each worker's first
+    device."""
     result = run_workers(
         tmp_path,
         2,
+        local_devices=local_devices,
         timeout=120,
         interval=4,
         overlap=3,

@@ -138,13 +138,21 @@ def test_fit_on_mirrored_replicas_records_every_execution_and_delayed_average(tm
     assert tracing.active() is None
 
 
-def test_two_workers_trace_the_all_reduce_beside_the_steps(tmp_path):
-    """With one device per worker a delayed average's all-reduce runs in a
-    thread: each worker's trace shows it on its own track, the training
-    thread's waits for it, and the workers' processes apart."""
+@pytest.mark.parametrize("local_devices", [1, 2])
+def test_two_workers_trace_the_all_reduce_beside_the_steps(tmp_path, local_devices):
+    """With one device per worker, or two (reduced through the first), a
+    delayed average's all-reduce runs in a thread: each worker's trace shows
+    it on its own track, the training thread's waits for it, and the
+    workers' processes apart."""
     traces = tmp_path / "traces"
     result = run_workers(
-        tmp_path, 2, interval=4, overlap=3, epochs=2, trace=str(traces)
+        tmp_path,
+        2,
+        interval=4,
+        overlap=3,
+        epochs=2,
+        trace=str(traces),
+        local_devices=local_devices,
     )
     assert result.ok, result.failure_report()
     for worker in (0, 1):

@@ -371,6 +371,8 @@ def main():
         "evaluate": model.evaluate(x[:64], y[:64], verbose=0),
         "seconds": np.array(markers.seconds),
         "stamps": np.array(markers.stamps),
+        # Whether delayed averages ran in a thread beside the steps.
+        "threaded": bool(getattr(getattr(optimizer, "_flight", None), "threaded", 0)),
         "batch_losses": np.array(markers.batch_losses),
     }
     if config["inspect"]:
