@@ -23,6 +23,8 @@ import itertools
 
 import tensorflow as tf
 
+from keras_skip import multi_worker
+
 #: A collective group key no ``MultiWorkerMirroredStrategy`` uses (they
 #: number their groups from 1), for the group of every worker's first device.
 GROUP_KEY = 1 << 30
@@ -47,7 +49,7 @@ class ThroughOneDevicePerWorker(tf.distribute.CrossDeviceOps):
         super().__init__()
         extended = strategy.extended
         self._device = extended.worker_devices[0]
-        self._workers = int(extended._num_workers)
+        self._workers = multi_worker.num_workers(strategy)
         self._replicas = int(strategy.num_replicas_in_sync)
         #: The last collective traced: the next one (also of a later batch,
         #: such as a compressed average's second) waits for it.

@@ -147,7 +147,8 @@ def test_weights_written_by_a_worker_load_in_order(tmp_path):
 @pytest.mark.slow
 def test_exported_order_is_what_each_worker_trains_on(tmp_path):
     """Two MultiWorkerMirroredStrategy workers on 127.0.0.1 read the rows of
-    their first batches from the benchmark's own dataset."""
+    the first batches of two epochs from the benchmark's own data and
+    pipeline: the exported order, epoch by epoch."""
     result = launcher.launch(
         [sys.executable, str(ROOT / "tests" / "workers" / "peer_order_worker.py")],
         2,
@@ -155,11 +156,11 @@ def test_exported_order_is_what_each_worker_trains_on(tmp_path):
         log_dir=tmp_path,
     )
     assert result.ok, result.failure_report()
-    order = export.batch_order(4000, 2, 32, 1, seed=0)
+    order = export.batch_order(4000, 2, 32, 2, seed=0)
     for w in result.workers:
         line = next(line for line in w.log.splitlines() if line.startswith("ROWS "))
         rows = json.loads(line.removeprefix("ROWS "))
-        assert rows == order[0, :3, w.index].tolist()
+        assert rows == order[:, :3, w.index].tolist()
 
 
 def method(name, label, accuracies, seconds, wire, steps_per_epoch=10):
@@ -328,3 +329,30 @@ def test_a_tiny_comparison_starts_both_frameworks_from_the_same_weights(tmp_path
     loss, _ = model.evaluate(x_test, y_test, verbose=0, batch_size=1000)
     ddp = next(m for m in saved["peer"]["methods"] if m["name"] == "torch-ddp")
     assert ddp["epochs"][0]["val_loss"] == pytest.approx(loss, rel=1e-4)
+
+
+def test_the_benchmark_data_trains_in_one_order_however_many_iterators_open():
+    """Keras' fit, under a strategy, takes a batch from a first iterator of
+    the dataset to build the model and then opens another (keras-skip's
+    optimizer under MultiWorkerMirroredStrategy does not): a dataset that
+    reshuffles on each iteration would give synchronous SGD and keras-skip
+    different epochs. The benchmark's dataset yields the same batches from
+    every iterator, in the exported order."""
+    import tensorflow as tf
+
+    from keras_skip.bench.workers import worker, workloads
+
+    config = dict(worker.DEFAULTS, epochs=2, batch_per_worker=32)
+    (x, y), _, batch = worker._load_data(config, tf.distribute.get_strategy(), 1)
+    data, steps = worker._dataset(config, x, y, 0, batch, batch)
+    (raw, _), _ = workloads.load_mnist_subset(config["seed"])
+    order = export.batch_order(len(raw), 1, batch, 2, seed=config["seed"])
+    first, second = iter(data), iter(data)
+    next(first)  # what fit takes to build the model
+    for epoch, step in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        if epoch == 1 and step == 0:
+            for _ in range(steps - 2):
+                next(second)
+        rows = next(second)[0].numpy()
+        np.testing.assert_array_equal(rows, raw[order[epoch, step, 0]])
+    np.testing.assert_array_equal(next(iter(data))[0].numpy(), raw[order[0, 0, 0]])

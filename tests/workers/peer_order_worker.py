@@ -1,11 +1,11 @@
-"""Prints the rows of the first batches this worker of the benchmark's
-dataset trains on (``ROWS [[...], ...]``), for tests/test_torch_peer.py."""
+"""Prints the rows of the first batches of the first two epochs this worker
+of the benchmark's dataset trains on (``ROWS [[[...], ...], ...]``), for
+tests/test_torch_peer.py."""
 
 import json
 import os
 
 import keras
-import numpy as np
 
 import keras_skip
 from keras_skip.bench.workers import worker, workloads
@@ -13,15 +13,23 @@ from keras_skip.bench.workers import worker, workloads
 keras_skip.apply_keras_fixes()
 strategy = keras_skip.multi_worker_strategy(peer_timeout=60)
 keras.utils.set_random_seed(0)
-(x, y), _ = workloads.load_mnist_subset(0)
-# The rows' indices in place of the pixels, through the worker's own pipeline.
-indices = np.arange(len(x), dtype="float32")[:, None]
-config = {"workload": "mlp", "seed": 0, "method": "sync"}
-data, _ = worker._dataset(config, indices, y, 0, 32, 64)
+config = {
+    "workload": "mlp",
+    "seed": 0,
+    "method": "sync",
+    "epochs": 2,
+    "batch_per_worker": 32,
+}
+# Through the worker's own loading and pipeline; rows found by their pixels.
+(x, y), _, batch = worker._load_data(config, strategy, 2)
+data, steps = worker._dataset(config, x, y, 0, batch, 2 * batch)
+(original, _), _ = workloads.load_mnist_subset(0)
+index_of = {row.tobytes(): i for i, row in enumerate(original)}
 batches = iter(strategy.experimental_distribute_dataset(data))
-rows = []
-for _ in range(3):
-    local = strategy.experimental_local_results(next(batches)[0])[0]
-    rows.append([int(v) for v in local.numpy()[:, 0]])
+rows = [[], []]
+for step in range(2 * steps):
+    local = strategy.experimental_local_results(next(batches)[0])[0].numpy()
+    if step % steps < 3:
+        rows[step // steps].append([index_of[r.tobytes()] for r in local])
 print("ROWS " + json.dumps(rows), flush=True)
 assert os.environ["KERAS_SKIP_WORKER"] in ("0", "1")

@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         x=data,
         steps_per_epoch=steps_per_epoch,
         epochs=config["epochs"],
-        shuffle=False,  # the dataset shuffles itself
+        shuffle=False,  # the rows are in training order
         verbose=0,
         callbacks=[*_tracer(config), *callbacks, _recorder(config, index, records)],
     )
@@ -238,9 +238,10 @@ def _strategy(config: dict):
 
 
 def _load_data(config: dict, strategy, workers: int):
-    """``(x, y)``, the validation data and this worker's batch size; for
-    ``mlp-noniid`` ``x`` and ``y`` hold every epoch's order one after the
-    other (see :func:`non_iid_order`)."""
+    """``(x, y)``, the validation data and this worker's batch size; ``x``
+    and ``y`` hold every epoch's rows in training order, one epoch after the
+    other (:func:`export.batch_order`, the PyTorch peer's order too; for
+    ``mlp-noniid`` :func:`non_iid_order`)."""
     from keras_skip.bench.workers import workloads
 
     (x, y), (x_test, y_test) = workloads.load_mnist_subset(
@@ -256,8 +257,21 @@ def _load_data(config: dict, strategy, workers: int):
     batch = config["batch_per_worker"] * local_replicas
     if config["workload"] == "mlp-noniid":
         order = non_iid_order(len(x), workers, batch, config["epochs"], config["seed"])
-        x, y = x[order], y[order]
-    return (x, y), (x_test, y_test), batch
+    else:
+        # Every epoch's shuffle, drawn once: under a strategy, Keras' fit
+        # with a plain optimizer builds the model from a first iterator and
+        # then opens another, so over a dataset that reshuffles on each
+        # iteration its epochs would see the second, third... shuffles while
+        # keras-skip's and the PyTorch peer's see the first, second...
+        import keras
+
+        from keras_skip.bench.workers import export
+
+        order = export.batch_order(
+            len(x), workers, batch, config["epochs"], config["seed"]
+        ).reshape(-1)
+        keras.utils.set_random_seed(config["seed"])  # as before the draw
+    return (x[order], y[order]), (x_test, y_test), batch
 
 
 def _dataset(config: dict, x, y, index: int, batch: int, global_batch: int):
@@ -268,11 +282,7 @@ def _dataset(config: dict, x, y, index: int, batch: int, global_batch: int):
     import tensorflow as tf
 
     data = tf.data.Dataset.from_tensor_slices((x, y))
-    steps_per_epoch = len(x) // global_batch
-    if config["workload"] == "mlp-noniid":
-        steps_per_epoch //= config["epochs"]  # x holds every epoch's order
-    else:
-        data = data.shuffle(len(x), seed=config["seed"], reshuffle_each_iteration=True)
+    steps_per_epoch = len(x) // global_batch // config["epochs"]  # every epoch's
     # Each independent process takes the batches a worker of the cluster
     # would (its rows of every global batch).
     data = data.batch(global_batch, drop_remainder=True)
