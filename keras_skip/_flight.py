@@ -60,18 +60,20 @@ class Flight:
         #: workers, and on one worker with several devices. Collectives that
         #: join several devices of one worker, run beside its steps, were
         #: seen to wait for good (3 runs in 13 with 4 logical CPU devices on
-        #: 2 cores), and so were a compressed average's two all-reduces (the
-        #: 16-bit weights, then the rest in its own types) across two
-        #: workers. So a worker with several devices reduces through its
-        #: first: on one worker with `tf.distribute.ReductionToOneDevice`
-        #: (none in 40), across workers with one collective per worker,
-        #: ordered (`_worker_reduce`), which a compressed average uses too.
+        #: 2 cores), and so were the strategy's own collectives across
+        #: workers: a compressed average's two all-reduces (the 16-bit
+        #: weights, then the rest in its own types), and once a plain
+        #: average with one device per worker on 2 busy cores. So a worker
+        #: with several devices reduces through its first, on one worker
+        #: with `tf.distribute.ReductionToOneDevice` (none in 40); across
+        #: workers every delayed average goes through one collective per
+        #: worker and dtype, in its own group and order (`_worker_reduce`).
         devices = len(strategy.extended.worker_devices)
         across_workers = _compat.is_multi_worker(strategy)
         self.threaded = across_workers or devices > 1
         #: How the thread reduces: None for the strategy's own collectives.
         self._through = None
-        if across_workers and (devices > 1 or codec.all_reduces > 1):
+        if across_workers:
             self._through = _worker_reduce.ThroughOneDevicePerWorker(strategy)
         elif not across_workers and devices > 1:
             self._through = tf.distribute.ReductionToOneDevice(

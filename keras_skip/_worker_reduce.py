@@ -1,14 +1,16 @@
 """A delayed average's all-reduce across workers, made of steps that can
-run beside the training steps: with several devices per worker, and for a
-compressed average's two batches.
+run beside the training steps, with one or several devices per worker and
+with compression.
 
 A delayed average runs its all-reduce in a thread while the next local
 steps compute. Through ``MultiWorkerMirroredStrategy``'s own collectives,
 which join every device of every worker, such an all-reduce was seen to wait
-for good beside the steps (the same as between one worker's devices), while
-one collective per worker, from one device each, runs beside them; so do a
-compressed average's two all-reduces once they are ordered, where through
-the strategy's collectives they too were seen to wait for good.
+for good beside the steps (the same as between one worker's devices; with
+one device per worker, once on 2 busy cores), while one collective per
+worker, from one device each, in a group of its own and in a fixed order,
+runs beside them; so do a compressed average's two all-reduces once they
+are ordered, where through the strategy's collectives they too were seen to
+wait for good.
 This reduction has that shape: each worker sums its replicas' values on its
 first device (copies, no collective), the workers all-reduce those sums
 between their first devices (one collective per dtype, one after the other
