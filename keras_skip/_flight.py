@@ -71,11 +71,12 @@ class Flight:
         devices = len(strategy.extended.worker_devices)
         across_workers = _compat.is_multi_worker(strategy)
         self.threaded = across_workers or devices > 1
-        #: How the thread reduces: None for the strategy's own collectives.
+        #: How the thread reduces; None on one device, where nothing runs
+        #: in a thread and the strategy reduces.
         self._through = None
         if across_workers:
             self._through = _worker_reduce.ThroughOneDevicePerWorker(strategy)
-        elif not across_workers and devices > 1:
+        elif devices > 1:
             self._through = tf.distribute.ReductionToOneDevice(
                 reduce_to_device=strategy.extended.worker_devices[0]
             )
