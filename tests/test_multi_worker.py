@@ -1,7 +1,10 @@
 """MultiWorkerMirroredStrategy with real worker processes on 127.0.0.1.
 
 Every test bounds its workers' time and the launcher kills every process it
-started, also when a test fails.
+started, also when a test fails. Two workers that need no process of their
+own train in shared processes (``workers/pool.py``) that take one job after
+another, as a user's process trains one model after another; a failed job
+ends them.
 """
 
 import contextlib
@@ -15,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import components, keras_fixes_for_every_model, mirrored
-from workers import fit_worker
+from workers import fit_worker, pool
 
 from keras_skip.bench.workers import launcher
 
@@ -25,9 +28,16 @@ WORKER = [sys.executable, fit_worker.__file__]
 def run_workers(
     tmp_path, n, timeout=240, kill=None, log_dir=None, chief=False, **config
 ):
-    """`n` fit_worker processes; with `chief`, process 0 is the chief task."""
+    """`n` fit_worker processes; with `chief`, process 0 is the chief task.
+
+    Two workers that need nothing of their own (a kill, a chief, settings
+    of the whole process) train in the shared pool's processes."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = {**config, "out": str(tmp_path)}
+    if n == 2 and kill is None and not chief and pooled(config):
+        return pool.shared(WORKER, n).run(
+            config, log_dir or tmp_path / "logs", timeout=timeout
+        )
     result = launcher.launch(
         [*WORKER, json.dumps(config)],
         n,
@@ -37,6 +47,17 @@ def run_workers(
         chief=chief,
     )
     return result
+
+
+def pooled(config) -> bool:
+    """Whether every worker keeps the settings the pool's processes start
+    with (`fit_worker.start`)."""
+    overrides = [config, *config.get("workers", {}).values()]
+    return all(
+        c.get(key, fit_worker.DEFAULTS[key]) == fit_worker.DEFAULTS[key]
+        for c in overrides
+        for key in fit_worker.PROCESS_SETTINGS
+    )
 
 
 def outputs(tmp_path, n):
@@ -653,6 +674,25 @@ def test_restart_keeps_the_adaptive_decision(tmp_path):
         assert r["probes"] == 0  # the decision came from the backup
     np.testing.assert_array_equal(results[0]["decision"], results[1]["decision"])
     assert results[0]["decision"][0] >= 1
+
+
+@pytest.mark.slow
+def test_a_failed_pool_job_ends_its_workers_and_the_next_job_starts_afresh(tmp_path):
+    """The shared worker processes of these tests: worker 1 fails while
+    worker 0 waits for it in a collective; the pool ends both, and the
+    next job trains as in new processes."""
+    shared = pool.shared(WORKER, 2)
+    failed = run_workers(tmp_path / "failed", 2, workers={"1": {"interval": -1}})
+    assert not failed.ok and not failed.timed_out, failed.failure_report()
+    assert failed.workers[1].returncode == 1
+    assert "`interval` must be" in failed.workers[1].log, failed.workers[1].log
+    assert shared.processes == []
+    result = run_workers(tmp_path / "next", 2)
+    assert result.ok, result.failure_report()
+    expected, _ = mirrored_reference(2)
+    for r in outputs(tmp_path / "next", 2):
+        np.testing.assert_allclose(r["weights"], expected, rtol=1e-5, atol=1e-6)
+    assert len(shared.processes) == 2
 
 
 def test_launcher_kills_every_worker_on_timeout(tmp_path):

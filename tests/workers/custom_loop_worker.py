@@ -77,4 +77,5 @@ def main():
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("sklearn", None)  # see fit_worker.py
     main()

@@ -5,12 +5,16 @@ JSON configuration (see DEFAULTS); a "workers" entry maps a worker index to
 overrides for that worker. Writes worker-<i>.npz into config["out"] and
 prints marker lines the tests wait for. The index is the launcher's process
 index, KERAS_SKIP_WORKER (with a chief, 0 is the chief).
+
+With ``--serve DIR`` it trains one job after another instead, for the tests'
+shared worker processes (``pool.py``).
 """
 
 import contextlib
 import hashlib
 import json
 import os
+import pathlib
 import sys
 import time
 
@@ -53,6 +57,11 @@ DEFAULTS = {
     "seed": 0,
     "out": ".",
 }
+
+
+#: What `start` sets for the whole process: a worker that changes one of
+#: these runs in a process of its own.
+PROCESS_SETTINGS = ("mode", "local_devices", "version", "peer_timeout")
 
 
 def make_data(config):
@@ -226,14 +235,16 @@ def several_cpu_replicas(count):
     car.CollectiveAllReduceExtended._initialize_local_devices = local_devices
 
 
-def main():
+def configure(given: dict, index: int) -> dict:
+    """DEFAULTS with `given` and this worker's own overrides."""
     config = dict(DEFAULTS)
-    given = json.loads(sys.argv[1])
-    index = int(os.environ["KERAS_SKIP_WORKER"])
     config.update({k: v for k, v in given.items() if k != "workers"})
     config.update(given.get("workers", {}).get(str(index), {}))
+    return config
 
-    import numpy as np
+
+def start(config):
+    """This process's strategy (and the process-wide settings it needs)."""
     import tensorflow as tf
 
     if config["local_devices"] > 1:
@@ -251,7 +262,17 @@ def main():
         if config["version"]:
             _version.__version__ = config["version"]
         strategy = keras_skip.multi_worker_strategy(peer_timeout=config["peer_timeout"])
+    return strategy
+
+
+def train(config, strategy, index):
+    """Trains as `config` says and writes worker-<index>.npz."""
     import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if config["mode"] != "unfixed":  # stock Keras, untouched by keras_skip
+        import keras_skip
 
     keras.utils.set_random_seed(config["seed"])
     x, y = make_data(config)
@@ -430,5 +451,20 @@ def main():
     print(f"DONE {digest()}", flush=True)
 
 
+def main():
+    index = int(os.environ["KERAS_SKIP_WORKER"])
+    config = configure(json.loads(sys.argv[1]), index)
+    train(config, start(config), index)
+
+
 if __name__ == "__main__":
-    main()
+    # Keras imports scikit-learn for its wrappers whenever it is installed
+    # (the demo's data package brings it); this worker never uses it, and it
+    # is a fifth of the worker's start.
+    sys.modules.setdefault("sklearn", None)
+    if sys.argv[1] == "--serve":
+        import pool
+
+        pool.serve(pathlib.Path(sys.argv[2]), DEFAULTS, start, configure, train)
+    else:
+        main()

