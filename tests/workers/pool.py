@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -125,15 +126,21 @@ class Pool:
         return launcher.LaunchResult(
             workers=[
                 launcher.WorkerResult(
-                    i,
-                    {"ok": 0, None: None}.get(status.get(i), 1),
-                    log_dir / f"worker-{i}.log",
+                    i, _exit_code(status.get(i)), log_dir / f"worker-{i}.log"
                 )
                 for i in range(self.num_workers)
             ],
             seconds=seconds,
             timed_out=timed_out,
         )
+
+
+def _exit_code(answer: str | None) -> int | None:
+    """As a launch reports it: 0 for a job done, 1 for a job failed (or a
+    process ended), None for a job still running when it was given up."""
+    if answer is None:
+        return None
+    return 0 if answer == "ok" else 1
 
 
 _SHARED: dict[tuple, Pool] = {}
@@ -151,19 +158,19 @@ def shared(command, num_workers: int) -> Pool:
 def serve(directory: pathlib.Path, defaults, start, configure, train) -> None:
     """The worker's side: `start(defaults)` once, then
     `train(configure(job, index), strategy, index)` for every job, each with
-    its stdout and stderr in the job's log. Returns after a failed job, or
-    when the process that started the pool is gone."""
+    its stdout and stderr in the job's log. Exits after a failed job, and
+    as soon as the process that started the pool is gone."""
     import keras
 
     index = int(os.environ["KERAS_SKIP_WORKER"])
     parent = os.getppid()
+    # Also while a job waits in a collective whose peer is gone with it.
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
     strategy = start(dict(defaults))
     console = os.dup(1), os.dup(2)
     for k in itertools.count():
         job = directory / f"job-{k}.json"
         while not job.exists():
-            if os.getppid() != parent:
-                return
             time.sleep(POLL)
         spec = json.loads(job.read_text())
         log_path = pathlib.Path(spec["log_dir"]) / f"worker-{index}.log"
@@ -187,3 +194,9 @@ def serve(directory: pathlib.Path, defaults, start, configure, train) -> None:
         os.replace(pending, directory / f"job-{k}.worker-{index}")
         if status != "ok":
             sys.exit(1)
+
+
+def _end_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
