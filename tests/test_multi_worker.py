@@ -723,6 +723,22 @@ def test_launcher_reports_exit_codes_and_sets_tf_config(tmp_path):
     assert not result.ok
 
 
+def test_worker_env_sets_the_cluster_the_index_and_the_threads(monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    monkeypatch.setenv("KERAS_SKIP_SOMETHING", "kept")
+    addresses = ["127.0.0.1:1", "127.0.0.1:2"]
+    env = launcher.worker_env(addresses, 1, {"EXTRA": "x"}, threads_per_worker=3)
+    assert json.loads(env["TF_CONFIG"]) == json.loads(launcher.tf_config(addresses, 1))
+    assert env["KERAS_SKIP_WORKER"] == "1"
+    assert env["TF_NUM_INTRAOP_THREADS"] == env["TF_NUM_INTEROP_THREADS"] == "3"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"  # the user's choice is kept
+    assert env["EXTRA"] == "x" and env["KERAS_SKIP_SOMETHING"] == "kept"
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    default_threads = launcher.worker_env(addresses, 0, threads_per_worker=None)
+    assert "TF_NUM_INTRAOP_THREADS" not in default_threads
+
+
 def test_launcher_tf_config_with_a_chief_numbers_the_tasks_like_tensorflow():
     from tensorflow.python.distribute import multi_worker_util
 

@@ -53,15 +53,7 @@ class Pool:
         ports = launcher.free_ports(self.num_workers)
         addresses = [f"127.0.0.1:{p}" for p in ports]
         for i in range(self.num_workers):
-            env = {
-                **os.environ,
-                "TF_CONFIG": launcher.tf_config(addresses, i),
-                "KERAS_SKIP_WORKER": str(i),
-                "PYTHONUNBUFFERED": "1",
-                "TF_NUM_INTRAOP_THREADS": "1",
-                "TF_NUM_INTEROP_THREADS": "1",
-            }
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            env = launcher.worker_env(addresses, i)
             with open(self.directory / f"pool-{i}.log", "w") as log:
                 self.processes.append(
                     subprocess.Popen(

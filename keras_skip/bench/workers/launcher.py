@@ -109,6 +109,29 @@ def tf_config(addresses: Sequence[str], index: int, chief: bool = False) -> str:
     return json.dumps({"cluster": cluster, "task": task})
 
 
+def worker_env(
+    addresses: Sequence[str],
+    index: int,
+    env: dict[str, str] | None = None,
+    threads_per_worker: int | None = 1,
+    chief: bool = False,
+) -> dict[str, str]:
+    """The environment of worker ``index`` of the cluster ``addresses``: this
+    process's environment, ``env``, ``TF_CONFIG`` (see :func:`tf_config`),
+    ``KERAS_SKIP_WORKER``, unbuffered output, TensorFlow's C++ log level 2
+    unless set, and ``threads_per_worker`` intra- and inter-op threads (None
+    keeps TensorFlow's default)."""
+    environment = {**os.environ, **(env or {})}
+    environment["TF_CONFIG"] = tf_config(addresses, index, chief=chief)
+    environment["KERAS_SKIP_WORKER"] = str(index)
+    environment["PYTHONUNBUFFERED"] = "1"
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if threads_per_worker:
+        environment["TF_NUM_INTRAOP_THREADS"] = str(threads_per_worker)
+        environment["TF_NUM_INTEROP_THREADS"] = str(threads_per_worker)
+    return environment
+
+
 def launch(
     command: Sequence[str],
     num_workers: int,
@@ -218,27 +241,20 @@ class _Workers:
         chief: bool,
     ) -> None:
         """Starts worker ``i`` in its own session, its output to its log."""
-        worker_env = {**os.environ, **(env or {})}
         seen = list(addresses)
         if len(seen) != self.num_workers:
             raise ValueError(
                 f"`cluster({i})` must return {self.num_workers} addresses. "
                 f"Received: {seen!r}"
             )
-        worker_env["TF_CONFIG"] = tf_config(seen, i, chief=chief)
-        worker_env["KERAS_SKIP_WORKER"] = str(i)
-        worker_env["PYTHONUNBUFFERED"] = "1"
-        worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if threads_per_worker:
-            worker_env["TF_NUM_INTRAOP_THREADS"] = str(threads_per_worker)
-            worker_env["TF_NUM_INTEROP_THREADS"] = str(threads_per_worker)
+        environment = worker_env(seen, i, env, threads_per_worker, chief)
         log = open(self.log_path(i), "w")  # noqa: SIM115
         self.logs.append(log)
         prefix = list(wrap(i)) if wrap else []
         self.processes.append(
             subprocess.Popen(
                 [*prefix, *command],
-                env=worker_env,
+                env=environment,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
