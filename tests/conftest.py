@@ -24,6 +24,35 @@ if settings is not None:
     settings.register_profile("explore", derandomize=False, print_blob=True)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
+
+def draw_without_local_constants() -> None:
+    """Hypothesis also draws numbers it finds in the source of the project's
+    modules loaded at the time of the draw (not the tests'). Which of them are
+    loaded depends on the tests the process ran before, and pytest-xdist hands
+    tests out by load, so the derandomized draws of one test changed from run
+    to run. Under the deterministic profile the draws use Hypothesis' own
+    constants only; `explore` keeps the project's."""
+    from hypothesis.internal.conjecture import providers
+
+    if not callable(getattr(providers, "_get_local_constants", None)):
+        raise RuntimeError(
+            "Hypothesis no longer has providers._get_local_constants: the "
+            "deterministic profile needs another way to draw without the "
+            "project's constants (see tests/conftest.py)"
+        )
+    found, empty = providers._get_local_constants, providers.Constants()
+
+    def local_constants():
+        if settings.get_current_profile_name() == "deterministic":
+            return empty
+        return found()
+
+    providers._get_local_constants = local_constants
+
+
+if settings is not None:
+    draw_without_local_constants()
+
 LOGICAL_DEVICES = 4
 
 _cpu = tf.config.list_physical_devices("CPU")[0]

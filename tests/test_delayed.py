@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import mirrored
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_against_reference import (
     INNERS,
@@ -127,6 +127,15 @@ def test_delayed_averages_as_often_and_boundaries_leave_replicas_identical(
 
 @settings(deadline=None)
 @given(problems(min_steps=2), st.integers(2, 8), st.integers(2, 5), betas, rates)
+# The weights end at 1 - 20 * 0.05 = 0: the mean of identical copies rounds
+# differently from one copy by 3e-17, which no relative tolerance allows.
+@example(
+    problem=(1, 1, 20, np.ones((20, 1, 1)), np.ones(1)),
+    interval=2,
+    delay=2,
+    beta=0.0,
+    lr=0.05,
+)
 def test_delayed_with_identical_replicas_is_one_replica(
     problem, interval, delay, beta, lr
 ):
@@ -139,8 +148,10 @@ def test_delayed_with_identical_replicas_is_one_replica(
     one = maths.simulate(
         x0, fixed_grads([g[:1] for g in same]), correction=beta, **{**kwargs, "n": 1}
     )
-    np.testing.assert_allclose(delayed.x, np.broadcast_to(one.x, delayed.x.shape))
-    np.testing.assert_allclose(delayed.correction, 0.0, atol=1e-12)
+    np.testing.assert_allclose(
+        delayed.x, np.broadcast_to(one.x, delayed.x.shape), atol=1e-9
+    )
+    np.testing.assert_allclose(delayed.correction, 0.0, atol=1e-9)  # mean's rounding
 
 
 def test_a_delay_changes_the_path_and_lands_after_its_steps():

@@ -357,9 +357,9 @@ def test_fragmented_identical_replicas_are_one_replica(
         x0, fixed_grads([g[:1] for g in same]), n=1, correction=beta, **kwargs
     )
     np.testing.assert_allclose(
-        fragmented_run.x, np.broadcast_to(one.x, fragmented_run.x.shape)
+        fragmented_run.x, np.broadcast_to(one.x, fragmented_run.x.shape), atol=1e-9
     )
-    np.testing.assert_allclose(fragmented_run.correction, 0.0, atol=1e-12)
+    np.testing.assert_allclose(fragmented_run.correction, 0.0, atol=1e-9)
 
 
 def test_fragments_average_in_turn_and_a_delayed_fragment_lands_alone():
