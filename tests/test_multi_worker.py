@@ -679,13 +679,18 @@ def test_restart_keeps_the_adaptive_decision(tmp_path):
 @pytest.mark.slow
 def test_a_failed_pool_job_ends_its_workers_and_the_next_job_starts_afresh(tmp_path):
     """The shared worker processes of these tests: worker 1 fails while
-    worker 0 waits for it in a collective; the pool ends both, and the
-    next job trains as in new processes."""
+    worker 0 waits for it in a collective; the pool waits until worker 0
+    ends by its own error (its peer is gone), as a launch would, then ends
+    both, and the next job trains as in new processes."""
     shared = pool.shared(WORKER, 2)
     failed = run_workers(tmp_path / "failed", 2, workers={"1": {"interval": -1}})
     assert not failed.ok and not failed.timed_out, failed.failure_report()
     assert failed.workers[1].returncode == 1
     assert "`interval` must be" in failed.workers[1].log, failed.workers[1].log
+    # Not cut short by its peer's failure: its own error is in its own log.
+    assert failed.workers[0].returncode == 1, failed.failure_report()
+    survivor = failed.workers[0].log
+    assert "UnavailableError" in survivor or "unhealthy" in survivor, survivor[-2000:]
     assert shared.processes == []
     result = run_workers(tmp_path / "next", 2)
     assert result.ok, result.failure_report()
