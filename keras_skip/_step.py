@@ -5,17 +5,44 @@ during warm-up) or local: each replica's own step plus its correction
 (``maths.local_step``), then the average if one is due. The choice is a
 `tf.cond` in cross-replica context, so that the branch that communicates
 never runs in replica context.
+
+Tracing both branches costs about as much as everything else in the first
+execution, yet most executions take only one. So `model.fit` asks, before
+each execution, which branch all its steps take (`branch_of_execution`,
+from the counters) and runs a train function traced with that branch alone
+(`Step.taking`); a function with the condition remains for executions that
+cross the end of the warm-up, and for custom training loops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import keras
 import tensorflow as tf
 
 from keras_skip import _compat, _updates
-from keras_skip.steering import tf_variable
+from keras_skip.steering import read, tf_variable
+
+#: The branches an execution's steps can all take (`branch_of_execution`).
+SYNCHRONOUS, LOCAL = "synchronous", "local"
+
+
+def branch_of_execution(
+    interval: int, iterations: int, warmup_steps: int
+) -> str | None:
+    """The branch every step of the next execution takes, from the interval
+    and the iteration count before it: `SYNCHRONOUS`, `LOCAL`, or None for
+    a condition at each step. Neither counter changes otherwise during an
+    execution, and the iterations only grow. During a warm-up, None: an
+    execution may cross its end, and a function with the condition, once
+    traced, serves the rest of the training."""
+    if interval <= 1:
+        return SYNCHRONOUS
+    if iterations >= warmup_steps:
+        return LOCAL
+    return None
 
 
 def build_counters(add_variable, interval: int, inner) -> tuple:
@@ -101,10 +128,38 @@ class Step:
         self._gamma = gamma
         self._synchronous = synchronous
         self._bytes = bytes_sent
+        #: While a train function traces: the only branch it takes, or None
+        #: for both (`taking`).
+        self._only: str | None = None
+
+    def branch_of_next_execution(self) -> str | None:
+        """`branch_of_execution` for the next execution, from the counters
+        as they are now (read eagerly)."""
+        return branch_of_execution(
+            int(read(self._interval)), int(read(self._iterations)), self._warmup_steps
+        )
+
+    @contextlib.contextmanager
+    def taking(self, branch: str | None):
+        """Within the block, a traced step takes only `branch` (`SYNCHRONOUS`
+        or `LOCAL`), or chooses with a condition (None)."""
+        if branch not in (None, SYNCHRONOUS, LOCAL):
+            raise ValueError(
+                f"branch must be None, {SYNCHRONOUS!r} or {LOCAL!r}; got {branch!r}."
+            )
+        before, self._only = self._only, branch
+        try:
+            yield
+        finally:
+            self._only = before
 
     def __call__(self, distribution, sync_grads, local_grads, variables, lr):
         """Takes the step (cross-replica context); returns whether an
         interval average ran (a boolean tensor)."""
+        if self._only == SYNCHRONOUS:
+            return self.synchronous(distribution, sync_grads, variables, lr)
+        if self._only == LOCAL:
+            return self.local(distribution, local_grads, variables, lr)
         is_synchronous = tf.logical_or(
             self._interval.value <= 1,
             self._iterations.value < self._warmup_steps,

@@ -118,28 +118,44 @@ def _local_logs(values, strategy):
 
 
 def _make_function(self, step_function):
-    function = _train_or_test_function(self, step_function)
     if getattr(step_function, "__name__", None) != "train_step":
-        return function
+        return _train_or_test_function(self, step_function)
     model = self
+    graphs = []
+    # One function per branch its steps take (see `_step`), each traced at
+    # its first use, so most fits trace one branch; once the function with
+    # the condition (None) exists, it serves every execution.
+    functions = {}
+
+    def function_for(branch):
+        if branch not in functions:
+            functions[branch] = _train_or_test_function(model, step_function, graphs)
+        return functions[branch]
 
     def train_function(iterator):
-        # Delayed averages (overlap >= 2) land and start between executions.
         optimizer = skip_optimizer(getattr(model, "optimizer", None))
+        step = getattr(optimizer, "_step", None)
+        # Delayed averages (overlap >= 2) land and start between executions.
         flight = getattr(optimizer, "_flight", None)
-        if flight is None:
-            return function(iterator)
-        flight.before_execution(model.steps_per_execution)
+        if flight is not None:
+            flight.before_execution(model.steps_per_execution)
         try:
-            return function(iterator)
+            if step is None:
+                return function_for(None)(iterator)
+            branch = None if None in functions else step.branch_of_next_execution()
+            with step.taking(branch):
+                return function_for(branch)(iterator)
         finally:
-            flight.after_execution()
+            if flight is not None:
+                flight.after_execution()
 
-    train_function.traced_graphs = getattr(function, "traced_graphs", None)
+    #: The graphs of one step and of one execution, as traced by every
+    #: branch's function (tests inspect their collectives).
+    train_function.traced_graphs = graphs
     return train_function
 
 
-def _train_or_test_function(self, step_function):
+def _train_or_test_function(self, step_function, graphs=None):
     strategy = self.distribute_strategy
     steps_per_execution = self.steps_per_execution
     if strategy.num_replicas_in_sync == 1 or (
@@ -148,7 +164,7 @@ def _train_or_test_function(self, step_function):
         and not _delays_averages(self)
     ):
         return _KERAS["_make_function"](self, step_function)
-    graphs = []
+    graphs = [] if graphs is None else graphs
     one_step_on_data = _one_step_function(
         self, step_function, _logs_reduction(self), graphs
     )

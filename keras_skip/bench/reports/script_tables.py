@@ -31,6 +31,27 @@ def wrapper_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_fit_table(rows: list[dict]) -> str:
+    """A first fit's CPU time with one step branch against the condition at
+    every step: medians, and the ratio's median and extremes."""
+    lines = [
+        "| inner | interval | CPU s, one branch | CPU s, condition "
+        "| one branch / condition, CPU time | wall time | same weights |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['inner']} | {r['interval']} "
+            f"| {r['one_branch_cpu_seconds']:.2f} | {r['condition_cpu_seconds']:.2f} "
+            f"| {r['cpu_ratio']:.3f} "
+            f"({r['cpu_ratio_min']:.2f}-{r['cpu_ratio_max']:.2f}) "
+            f"| {r['wall_ratio']:.3f} "
+            f"({r['wall_ratio_min']:.2f}-{r['wall_ratio_max']:.2f}) "
+            f"| {'yes' if r['same_weights'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def interval_table(rows: list[dict]) -> str:
     """What each way of choosing the interval spent on choosing, against
     :class:`~keras_skip.AdaptiveIntervalCallback` (the first row)."""

@@ -1,0 +1,220 @@
+"""What tracing costs in a first `fit`: the train function traced with the one
+step branch its executions take, against the function that chooses with a
+condition at every step.
+
+    python -m keras_skip.bench.first_fit [--replicas 4] [--inner sgd adam]
+        [--intervals 1 4] [--rounds 5] [--steps 8] [--json first_fit.json]
+
+One process, ``replicas`` logical CPU devices under a MirroredStrategy, the
+benchmark MLP (784-1024-1024-10), a batch of 32 per replica. For each inner
+optimizer and interval, each round builds two fresh models with the same
+initial weights and fits each for one epoch of ``steps`` steps: "one
+branch", the train function as ``fit`` runs it, and "condition", the same
+with every execution given the condition between the synchronous and the
+local step (``_step.branch_of_execution`` answering None, as during a
+warm-up). The two alternate which goes first. Each round's ratio of the
+two fits, in the process's CPU time and in wall time, is taken, and the
+median and the extremes are printed, with whether the two models ended
+with the same weights to the bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from unittest import mock
+
+#: The inner optimizers measured, by name.
+INNERS = ("sgd", "adam")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def measure(
+    strategy, inner: str, interval: int, rounds: int = 5, steps: int = 8, seed: int = 0
+) -> dict:
+    """CPU and wall seconds of the two first fits under `strategy`, the
+    median, minimum and maximum of their per-round ratio, and whether every
+    round's two models ended with the same weights."""
+    if inner not in INNERS:
+        raise ValueError(f"inner must be one of {INNERS}; got {inner!r}.")
+    data = _dataset(strategy.num_replicas_in_sync, seed)
+    cpu: dict[str, list[float]] = {"one branch": [], "condition": []}
+    wall: dict[str, list[float]] = {"one branch": [], "condition": []}
+    same = True
+    for r in range(rounds):
+        order = ("one branch", "condition")
+        weights = {}
+        for arm in order if r % 2 == 0 else order[::-1]:
+            model = _model(strategy, inner, interval, seed)
+            used, took = _first_fit(model, data, steps, arm == "condition")
+            cpu[arm].append(used)
+            wall[arm].append(took)
+            weights[arm] = model.get_weights()
+        same = same and all(
+            (a == b).all()
+            for a, b in zip(weights["one branch"], weights["condition"], strict=True)
+        )
+    cpu_ratios = sorted(
+        a / b for a, b in zip(cpu["one branch"], cpu["condition"], strict=True)
+    )
+    wall_ratios = sorted(
+        a / b for a, b in zip(wall["one branch"], wall["condition"], strict=True)
+    )
+    return {
+        "inner": inner,
+        "interval": interval,
+        "replicas": strategy.num_replicas_in_sync,
+        "one_branch_cpu_seconds": statistics.median(cpu["one branch"]),
+        "condition_cpu_seconds": statistics.median(cpu["condition"]),
+        "cpu_ratio": statistics.median(cpu_ratios),
+        "cpu_ratio_min": cpu_ratios[0],
+        "cpu_ratio_max": cpu_ratios[-1],
+        "wall_ratio": statistics.median(wall_ratios),
+        "wall_ratio_min": wall_ratios[0],
+        "wall_ratio_max": wall_ratios[-1],
+        "same_weights": bool(same),
+        "rounds": rounds,
+        "steps": steps,
+    }
+
+
+def _dataset(replicas: int, seed: int):
+    """The benchmark's training data in global batches of 32 per replica."""
+    import tensorflow as tf
+
+    from keras_skip.bench.workers import workloads
+
+    (x, y), _ = workloads.load_mnist_subset(seed)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        32 * replicas, drop_remainder=True
+    )
+
+
+def _model(strategy, inner: str, interval: int, seed: int):
+    """The benchmark MLP compiled under `strategy` with the wrapped `inner`;
+    the same initial weights for the same `seed`."""
+    import keras
+
+    import keras_skip
+    from keras_skip.bench.workers import workloads
+
+    with strategy.scope():
+        keras.utils.set_random_seed(seed)
+        m = workloads.mlp()
+        optimizer = {
+            "sgd": lambda: keras.optimizers.SGD(0.05),
+            "adam": lambda: keras.optimizers.Adam(1e-3),
+        }[inner]()
+        m.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(optimizer, interval=interval),
+            loss=workloads.classification_loss(),
+        )
+    return m
+
+
+def _first_fit(model, data, steps: int, condition: bool) -> tuple[float, float]:
+    """CPU and wall seconds of the model's first fit, of `steps` steps."""
+    import keras_skip
+    from keras_skip import _step
+
+    with mock.patch.object(
+        _step,
+        "branch_of_execution",
+        (lambda *counters: None) if condition else _step.branch_of_execution,
+    ):
+        began, began_cpu = time.perf_counter(), time.process_time()
+        model.fit(
+            data,
+            steps_per_epoch=steps,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[keras_skip.SkipCorrectionCallback()],
+        )
+        return time.process_time() - began_cpu, time.perf_counter() - began
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_skip.bench.first_fit",
+        description="What tracing costs in a first fit: one step branch "
+        "against the condition at every step.",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=_positive,
+        default=4,
+        help="logical CPU devices (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--inner",
+        choices=INNERS,
+        nargs="+",
+        default=list(INNERS),
+        help="inner optimizers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--intervals",
+        type=_positive,
+        nargs="+",
+        default=[1, 4],
+        help="intervals; 1 is synchronous SGD (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_positive,
+        default=5,
+        help="rounds of two fresh models each (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=_positive,
+        default=8,
+        help="steps of each first fit (default: %(default)s)",
+    )
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+
+    from keras_skip.bench.workers import devices
+
+    devices.configure_replicas(args.replicas)
+    strategy = devices.mirrored_strategy(args.replicas)
+    rows = [
+        measure(strategy, inner, interval, args.rounds, args.steps)
+        for inner in args.inner
+        for interval in args.intervals
+    ]
+    print(
+        f"one branch / condition: median of {args.rounds} rounds of first fits "
+        f"of {args.steps} steps on {args.replicas} replicas (min-max)"
+    )
+    print(
+        f"{'inner':<7}{'interval':<10}{'CPU s, one branch':<19}"
+        f"{'CPU s, condition':<18}{'CPU time':<20}{'wall time':<20}same weights"
+    )
+    for row in rows:
+        print(
+            f"{row['inner']:<7}{row['interval']:<10}"
+            f"{row['one_branch_cpu_seconds']:<19.2f}"
+            f"{row['condition_cpu_seconds']:<18.2f}"
+            f"{row['cpu_ratio']:.3f} ({row['cpu_ratio_min']:.2f}-"
+            f"{row['cpu_ratio_max']:.2f})   "
+            f"{row['wall_ratio']:.3f} ({row['wall_ratio_min']:.2f}-"
+            f"{row['wall_ratio_max']:.2f})   {row['same_weights']}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
