@@ -134,8 +134,19 @@ def test_first_fit_benchmark_compares_equal_models_and_renders(tmp_path, capsys)
     assert row["same_weights"] is True
     for clock in ("cpu_ratio", "wall_ratio"):
         assert 0 < row[f"{clock}_min"] <= row[clock] <= row[f"{clock}_max"]
-    assert "same weights" in capsys.readouterr().out
+    assert "| same weights |" in capsys.readouterr().out
     table = tables.render("first_fit", [out]).splitlines()
     assert table[2].startswith("| sgd | 4 | ") and table[2].endswith("| yes |")
     with pytest.raises(ValueError, match="inner must be one of"):
         first_fit.measure(None, "rmsprop", 4)
+
+
+def test_paired_ratios_are_the_median_and_extremes_of_each_pair():
+    from keras_skip.bench import paired
+
+    got = paired.ratios("r", [2.0, 9.0, 3.0], [1.0, 3.0, 4.0])
+    assert got == {"r": 2.0, "r_min": 0.75, "r_max": 3.0}
+    with pytest.raises(ValueError, match="got 2 and 1"):
+        paired.ratios("r", [1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="got 0 and 0"):
+        paired.ratios("r", [], [])

@@ -26,15 +26,12 @@ import statistics
 import time
 from unittest import mock
 
+from keras_skip.bench import paired
+from keras_skip.bench.options import positive_int
+from keras_skip.bench.reports.script_tables import first_fit_table
+
 #: The inner optimizers measured, by name.
 INNERS = ("sgd", "adam")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def measure(
@@ -62,24 +59,14 @@ def measure(
             (a == b).all()
             for a, b in zip(weights["one branch"], weights["condition"], strict=True)
         )
-    cpu_ratios = sorted(
-        a / b for a, b in zip(cpu["one branch"], cpu["condition"], strict=True)
-    )
-    wall_ratios = sorted(
-        a / b for a, b in zip(wall["one branch"], wall["condition"], strict=True)
-    )
     return {
         "inner": inner,
         "interval": interval,
         "replicas": strategy.num_replicas_in_sync,
         "one_branch_cpu_seconds": statistics.median(cpu["one branch"]),
         "condition_cpu_seconds": statistics.median(cpu["condition"]),
-        "cpu_ratio": statistics.median(cpu_ratios),
-        "cpu_ratio_min": cpu_ratios[0],
-        "cpu_ratio_max": cpu_ratios[-1],
-        "wall_ratio": statistics.median(wall_ratios),
-        "wall_ratio_min": wall_ratios[0],
-        "wall_ratio_max": wall_ratios[-1],
+        **paired.ratios("cpu_ratio", cpu["one branch"], cpu["condition"]),
+        **paired.ratios("wall_ratio", wall["one branch"], wall["condition"]),
         "same_weights": bool(same),
         "rounds": rounds,
         "steps": steps,
@@ -150,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--replicas",
-        type=_positive,
+        type=positive_int,
         default=4,
         help="logical CPU devices (default: %(default)s)",
     )
@@ -163,20 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--intervals",
-        type=_positive,
+        type=positive_int,
         nargs="+",
         default=[1, 4],
         help="intervals; 1 is synchronous SGD (default: %(default)s)",
     )
     parser.add_argument(
         "--rounds",
-        type=_positive,
+        type=positive_int,
         default=5,
         help="rounds of two fresh models each (default: %(default)s)",
     )
     parser.add_argument(
         "--steps",
-        type=_positive,
+        type=positive_int,
         default=8,
         help="steps of each first fit (default: %(default)s)",
     )
@@ -196,20 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         f"one branch / condition: median of {args.rounds} rounds of first fits "
         f"of {args.steps} steps on {args.replicas} replicas (min-max)"
     )
-    print(
-        f"{'inner':<7}{'interval':<10}{'CPU s, one branch':<19}"
-        f"{'CPU s, condition':<18}{'CPU time':<20}{'wall time':<20}same weights"
-    )
-    for row in rows:
-        print(
-            f"{row['inner']:<7}{row['interval']:<10}"
-            f"{row['one_branch_cpu_seconds']:<19.2f}"
-            f"{row['condition_cpu_seconds']:<18.2f}"
-            f"{row['cpu_ratio']:.3f} ({row['cpu_ratio_min']:.2f}-"
-            f"{row['cpu_ratio_max']:.2f})   "
-            f"{row['wall_ratio']:.3f} ({row['wall_ratio_min']:.2f}-"
-            f"{row['wall_ratio_max']:.2f})   {row['same_weights']}"
-        )
+    print(first_fit_table(rows), end="")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -25,15 +25,11 @@ import json
 import statistics
 import time
 
+from keras_skip.bench import paired
+from keras_skip.bench.options import positive_int
+
 #: An interval that never comes: every step is a local step.
 NEVER = 2**62
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def measure(
@@ -47,10 +43,6 @@ def measure(
         "wrapped": _model(True, steps_per_execution, seed),
     }
     seconds, cpu = _interleaved_epochs(models, data, rounds, steps)
-    ratios = sorted(
-        w / b for w, b in zip(seconds["wrapped"], seconds["bare"], strict=True)
-    )
-    cpu_ratios = sorted(w / b for w, b in zip(cpu["wrapped"], cpu["bare"], strict=True))
     # Every step was local; each epoch's boundary average, on one replica,
     # only updates counters.
     assert models["wrapped"].optimizer.synchronous_steps == 0
@@ -58,12 +50,8 @@ def measure(
         "steps_per_execution": steps_per_execution,
         "bare_ms_per_step": 1e3 * statistics.median(seconds["bare"]) / steps,
         "wrapped_ms_per_step": 1e3 * statistics.median(seconds["wrapped"]) / steps,
-        "ratio": statistics.median(ratios),
-        "ratio_min": ratios[0],
-        "ratio_max": ratios[-1],
-        "cpu_ratio": statistics.median(cpu_ratios),
-        "cpu_ratio_min": cpu_ratios[0],
-        "cpu_ratio_max": cpu_ratios[-1],
+        **paired.ratios("ratio", seconds["wrapped"], seconds["bare"]),
+        **paired.ratios("cpu_ratio", cpu["wrapped"], cpu["bare"]),
         "rounds": rounds,
         "steps": steps,
     }
@@ -137,20 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--steps-per-execution",
-        type=_positive,
+        type=positive_int,
         nargs="+",
         default=[1, 8],
         help="values of steps_per_execution to measure (default: %(default)s)",
     )
     parser.add_argument(
         "--rounds",
-        type=_positive,
+        type=positive_int,
         default=9,
         help="interleaved pairs of epochs (default: %(default)s)",
     )
     parser.add_argument(
         "--steps",
-        type=_positive,
+        type=positive_int,
         default=125,
         help="steps per epoch (default: %(default)s)",
     )
