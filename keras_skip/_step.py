@@ -10,8 +10,9 @@ Tracing both branches costs about as much as everything else in the first
 execution, yet most executions take only one. So `model.fit` asks, before
 each execution, which branch all its steps take (`branch_of_execution`,
 from the counters) and runs a train function traced with that branch alone
-(`Step.taking`); a function with the condition remains for executions that
-cross the end of the warm-up, and for custom training loops.
+(`Step.taking`). A function with the condition remains for a fit with a
+warm-up (an execution may cross its end; once traced, that function serves
+every later execution) and for custom training loops.
 """
 
 from __future__ import annotations
