@@ -406,6 +406,46 @@ def test_a_built_model_builds_symbolically_without_a_batch():
     model._symbolic_build(data_batch=None)  # no batch: nothing left to build
 
 
+def test_a_built_skip_model_evaluates_without_an_iterator_for_the_build(
+    monkeypatch,
+):
+    """Keras takes a batch for the symbolic build of every fit and evaluate
+    (validation included) from a new distributed iterator, which it drops;
+    one replica set of a skip model, once built, makes none for it."""
+    from tensorflow.python.distribute import input_lib
+
+    made = []
+    original = input_lib.DistributedDataset.__iter__
+
+    def counted(self):
+        made.append(self)
+        return original(self)
+
+    monkeypatch.setattr(input_lib.DistributedDataset, "__iter__", counted)
+    x = np.random.default_rng(0).random((32, 3)).astype("float32")
+    strategy = mirrored(2)
+    with strategy.scope():
+        skip = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        skip.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(
+                keras.optimizers.SGD(0.1), interval=2
+            ),
+            loss="mse",
+            metrics=["mae"],
+        )
+    stock = _stock_model(strategy, steps_per_execution=1)
+    callbacks = [keras_skip.SkipCorrectionCallback()]
+    skip.fit(x, x.sum(1), batch_size=8, verbose=0, callbacks=callbacks)
+    stock.fit(x, x.sum(1), batch_size=8, verbose=0)
+    counts = []
+    for model in (skip, stock):
+        made.clear()
+        loss = model.evaluate(x, x.sum(1), batch_size=8, verbose=0)
+        assert np.all(np.isfinite(loss))
+        counts.append(len(made))
+    assert counts[0] == counts[1] - 1
+
+
 def test_assigning_an_on_read_variable_across_replicas_still_reads_it_back():
     """Why keras-skip resets the metrics in replica context under several
     workers: Keras' reset assigns every metric variable in cross-replica

@@ -142,6 +142,19 @@ def _remake_functions(model: keras.Model) -> None:
 
 
 def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    if (
+        iterator is not None
+        and self._distribute_strategy is not None
+        and not is_multi_worker(self.distribute_strategy)
+        and not _needs_data(self)
+    ):
+        # Keras (3.15) takes a batch for the build at every fit and every
+        # evaluate, validation included, from a new distributed iterator
+        # that it then drops: about 0.1 s of CPU on 4 devices, for nothing
+        # once the model, metrics and loss are built.
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=None)
+        return None
     if iterator is None or not is_multi_worker(self.distribute_strategy):
         return _KERAS["_maybe_symbolic_build"](self, iterator, data_batch)
     from keras.src import tree
