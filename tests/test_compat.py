@@ -43,6 +43,20 @@ def _stock_model(strategy, steps_per_execution):
     return model
 
 
+def _skip_model(strategy, **compile_options):
+    """The model of `_stock_model`, its SGD wrapped at interval 2."""
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(
+            optimizer=keras_skip.SkipCorrectionOptimizer(
+                keras.optimizers.SGD(0.1), interval=2
+            ),
+            loss="mse",
+            **compile_options,
+        )
+    return model
+
+
 def test_stock_keras_still_fails_steps_per_execution_under_mirrored_strategy():
     x = np.random.default_rng(0).random((64, 3)).astype("float32")
     with _compat.keras_fixes_removed():
@@ -72,15 +86,7 @@ def test_fixed_keras_runs_steps_per_execution_with_stock_optimizers(global_fixes
 def test_skip_models_get_the_fixes_on_their_own_instance():
     x = np.random.default_rng(0).random((70, 3)).astype("float32")
     strategy = mirrored(2)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(
-            optimizer=keras_skip.SkipCorrectionOptimizer(
-                keras.optimizers.SGD(0.1), interval=2
-            ),
-            loss="mse",
-            steps_per_execution=3,
-        )
+    model = _skip_model(strategy, steps_per_execution=3)
     history = model.fit(
         x,
         x.sum(1),
@@ -424,15 +430,7 @@ def test_a_built_skip_model_evaluates_without_an_iterator_for_the_build(
     monkeypatch.setattr(input_lib.DistributedDataset, "__iter__", counted)
     x = np.random.default_rng(0).random((32, 3)).astype("float32")
     strategy = mirrored(2)
-    with strategy.scope():
-        skip = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        skip.compile(
-            optimizer=keras_skip.SkipCorrectionOptimizer(
-                keras.optimizers.SGD(0.1), interval=2
-            ),
-            loss="mse",
-            metrics=["mae"],
-        )
+    skip = _skip_model(strategy, metrics=["mae"])
     stock = _stock_model(strategy, steps_per_execution=1)
     callbacks = [keras_skip.SkipCorrectionCallback()]
     skip.fit(x, x.sum(1), batch_size=8, verbose=0, callbacks=callbacks)
