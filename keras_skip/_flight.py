@@ -32,11 +32,22 @@ class Flight:
 
     `schedule`: the `Delayed` schedule; `averager`: the `_averager.Averager`;
     `codec`: its codec; `steps`: the local steps an all-reduce may run
-    beside; `interval`, `local_steps`: the optimizer's variables.
+    beside; `interval`, `local_steps`: the optimizer's variables; `held()`:
+    whether the interval variable holds a due count that is not the
+    interval (`Steering.hold`).
     """
 
     def __init__(
-        self, *, strategy, steps: int, schedule, averager, codec, interval, local_steps
+        self,
+        *,
+        strategy,
+        steps: int,
+        schedule,
+        averager,
+        codec,
+        interval,
+        local_steps,
+        held=lambda: False,
     ):
         self._strategy = strategy
         self._steps = steps
@@ -45,6 +56,7 @@ class Flight:
         self._codec = codec
         self._interval = interval
         self._local_steps = local_steps
+        self._held = held
         self._armed = False
         self._flying = False  # a copy's all-reduce started, its mean not landed
         self._thread: threading.Thread | None = None
@@ -150,7 +162,9 @@ class Flight:
             self._create_buffers()
             write(self._schedule.armed, 1)
             self._armed = True
-        elif interval > 1:
+        elif interval > 1 and not self._held():
+            # Held, the variable counts the steps to the boundary average
+            # that ends the epoch's last execution: nothing to delay there.
             self._warn(
                 f"the interval ({interval}) is not longer than "
                 f"steps_per_execution ({steps_per_execution})"

@@ -481,6 +481,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 codec=codec,
                 interval=self._interval_variable,
                 local_steps=self._local_steps,
+                held=lambda: self._steering.held,
             )
             object.__setattr__(self, "_flight", flight)
             self._steering.before_vote = flight.land

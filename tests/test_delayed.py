@@ -2,6 +2,8 @@
 `model.fit` on several replicas against the reference, and what happens
 around a flight (saves, custom loops, settings that cannot delay)."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -251,6 +253,42 @@ def test_delayed_averages_with_options_match_reference(options):
         )
 
 
+@pytest.mark.parametrize(
+    ("interval", "delay", "steps_per_execution"),
+    [(2, 3, 1), (4, 3, 1), (3, 5, 2)],
+    ids=["before-the-next-due", "before-the-boundary", "two-steps-per-execution"],
+)
+def test_measured_drift_of_early_landings_is_the_references(
+    interval, delay, steps_per_execution
+):
+    """A mean that lands before its `delay` steps (the next average is due,
+    or the epoch's last execution takes the boundary average) reports the
+    drift of the snapshot it sent, as the reference measures it."""
+    make_keras, make_reference = INNERS["momentum"]
+    skip = dict(interval=interval, correction=1.0, overlap=delay)
+    model, optimizer = train_keras(
+        mirrored(REPLICAS),
+        make_keras,
+        measure_drift=True,
+        steps_per_execution=steps_per_execution,
+        **skip,
+    )
+    expected = reference(
+        make_reference(), steps_per_execution=steps_per_execution, **skip
+    )
+    # Every delayed mean here lands early: none is in flight for `delay`
+    # steps, so the run takes as many averages as the plain algorithm.
+    plain = reference(make_reference(), interval=interval, correction=1.0)
+    assert expected.averages == plain.averages
+    assert np.abs(expected.x - plain.x).max() > 1e-4  # yet a delay happened
+    assert_relative(weights_of(model), expected.x)
+    assert optimizer.averages_performed == expected.averages
+    assert min(expected.drifts) > 0
+    np.testing.assert_allclose(
+        optimizer.drift, [sum(expected.drifts), expected.drifts[-1]], rtol=1e-5
+    )
+
+
 def test_an_interval_no_longer_than_an_execution_warns_and_averages_after_the_step():
     skip = dict(interval=2, correction=1.0)
     make_keras, make_reference = INNERS["sgd"]
@@ -259,6 +297,20 @@ def test_an_interval_no_longer_than_an_execution_warns_and_averages_after_the_st
             mirrored(REPLICAS), make_keras, steps_per_execution=2, overlap=3, **skip
         )
     assert_relative(weights_of(model), reference(make_reference(), **skip).x)
+
+
+def test_an_epochs_last_execution_held_short_does_not_warn():
+    """At interval 4 with 6-step epochs and 2 steps per execution, the
+    callback holds the interval at 2 for each epoch's last execution (whose
+    last step takes the boundary average); the interval itself is longer
+    than an execution, so nothing warns that averages cannot be delayed."""
+    skip = dict(interval=4, correction=1.0, overlap=5, steps_per_execution=2)
+    make_keras, make_reference = INNERS["momentum"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="overlap=", category=UserWarning)
+        model, optimizer = train_keras(mirrored(REPLICAS), make_keras, **skip)
+    assert_relative(weights_of(model), reference(make_reference(), **skip).x)
+    assert optimizer._flight.threaded
 
 
 def test_a_custom_training_loop_averages_after_the_step():
