@@ -14,7 +14,9 @@
   and range), final metric (mean and range, perplexity for the language
   model), averages;
 - ``coverage``: every cell of the full map, and how many of its runs the
-  results hold.
+  results hold;
+- ``targets``: the map's targets, each with the ratio it is judged by and
+  whether it is met (:func:`targets_table`).
 
 Steps to the target are read from each run's curve on the cell's grid:
 the first evaluation (all right after an average) at which the metric
@@ -36,6 +38,7 @@ import pathlib
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from keras_skip.bench.efficiency import cells as map_cells
 from keras_skip.bench.reports import pages
@@ -218,11 +221,129 @@ def coverage_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The default against local SGD and DiLoCo in a key cell: at most this
+#: fraction of their steps to the target.
+STEP_RATIO_TARGET = 0.8
+#: The default on IID shards: a final metric within this fraction of the best.
+IID_TOLERANCE = 0.05
+#: The share of cells in which the default is the best method or within one
+#: seed spread of it.
+SHARE_TARGET = 0.8
+#: The default, and the methods that communicate as often as it does.
+DEFAULT = "skip"
+
+
+def _better(final: float, other: float, higher: bool) -> bool:
+    return final > other if higher else final < other
+
+
+def _beats(skip: dict, other: dict, higher: bool) -> tuple[str, bool]:
+    """``(ratio shown, met)``: the default's steps to the target against
+    another method's (met at <= :data:`STEP_RATIO_TARGET`, or if the other
+    never reached it), or else its final metric at the same steps."""
+    finals = f"final {skip['mean_final']:.4f} vs {other['mean_final']:.4f}"
+    better = _better(skip["mean_final"], other["mean_final"], higher)
+    if skip["mean_steps"] is None:
+        return f"not reached; {finals}", better
+    if other["mean_steps"] is None:
+        return f"reached, the other not; {finals}", True
+    ratio = skip["mean_steps"] / other["mean_steps"]
+    return f"{ratio:.2f}x the steps; {finals}", ratio <= STEP_RATIO_TARGET or better
+
+
+def _spread(summary: dict) -> float | None:
+    """The largest range of the final metric over seeds among the methods
+    of a cell with several seeds, but synchronous training."""
+    ranges = [
+        max(m["finals"]) - min(m["finals"])
+        for name, m in summary.items()
+        if name != "sync" and m["seeds"] > 1
+    ]
+    return max(ranges, default=None)
+
+
+def targets_table(result: dict) -> str:
+    """The map's targets, from the runs the results hold.
+
+    - In each key cell (AdamW, the skewed shards, interval 128, 8 replicas),
+      the default against local SGD and against DiLoCo: at most
+      :data:`STEP_RATIO_TARGET` of their steps to the target, or a better
+      final metric at the same number of steps.
+    - On the key cell's IID twin: the default's final metric within
+      :data:`IID_TOLERANCE` of the best method's.
+    - Over every cell that ran the default and another method: the share in
+      which the default's final metric is the best, or within one seed
+      spread of the best, among the methods that skip (synchronous training
+      communicates at every step and is not a rival here). One seed spread
+      is the largest range over seeds of a method's final metric in the
+      cell, or, in a cell of one seed, in its workload's key cell (0 where
+      that has one seed too).
+    """
+    cells = {c["id"]: c for c in result["cells"]}
+    summaries = {i: summarize(result, c) for i, c in cells.items()}
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    spreads = {}
+    for key in map_cells.full_map()[:2]:
+        summary = summaries.get(key.id, {})
+        spreads[key.workload] = _spread(summary) or 0.0
+        higher = result["workloads"].get(key.workload, {}).get("metric") == "accuracy"
+        skip = summary.get(DEFAULT)
+        for rival in ("local", "outer"):
+            label = (
+                f"`{key.id}`: default vs {map_cells.METHODS[rival].label}, "
+                f"<= {STEP_RATIO_TARGET:g}x the steps"
+            )
+            if skip is None or rival not in summary:
+                lines.append(f"| {label} | not run | |")
+                continue
+            seeds = min(skip["seeds"], summary[rival]["seeds"])
+            shown, met = _beats(skip, summary[rival], higher)
+            lines.append(
+                f"| {label} | {shown} ({seeds} seed{'s' * (seeds > 1)}) "
+                f"| {'yes' if met else 'no'} |"
+            )
+        twin = replace(key, shards="iid").id
+        label = f"`{twin}`: default within {IID_TOLERANCE:.0%} of the best"
+        summary = summaries.get(twin, {})
+        if DEFAULT not in summary:
+            lines.append(f"| {label} | not run | |")
+        else:
+            ratio = summary[DEFAULT]["final_vs_best"]
+            met = ratio >= 1 - IID_TOLERANCE if higher else ratio <= 1 + IID_TOLERANCE
+            lines.append(
+                f"| {label} | final {ratio:.3f}x the best | {'yes' if met else 'no'} |"
+            )
+    counted, good = 0, []
+    for cell_id, summary in summaries.items():
+        rivals = {n: m for n, m in summary.items() if n != "sync"}
+        if DEFAULT not in rivals or len(rivals) < 2:
+            continue
+        workload = cells[cell_id]["workload"]
+        higher = result["workloads"][workload]["metric"] == "accuracy"
+        best = (max if higher else min)(m["mean_final"] for m in rivals.values())
+        spread = _spread(summary)
+        spread = spreads.get(workload, 0.0) if spread is None else spread
+        counted += 1
+        if abs(rivals[DEFAULT]["mean_final"] - best) <= spread:
+            good.append(cell_id)
+    label = f"default best or within one seed spread in >= {SHARE_TARGET:.0%} of cells"
+    if counted:
+        share = len(good) / counted
+        met = "yes" if share >= SHARE_TARGET else "no"
+        lines.append(
+            f"| {label} | {len(good)} of {counted} cells ({share:.0%}) | {met} |"
+        )
+    else:
+        lines.append(f"| {label} | no cell ran | |")
+    return "\n".join(lines) + "\n"
+
+
 KINDS = {
     "steps": steps_table,
     "final": final_table,
     "detail": detail_table,
     "coverage": coverage_table,
+    "targets": targets_table,
 }
 
 
