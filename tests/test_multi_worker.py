@@ -296,6 +296,25 @@ def test_delayed_averages_on_two_workers_equal_two_mirrored_replicas(
 
 
 @pytest.mark.slow
+def test_delayed_averages_with_data_of_unknown_length_run_after_their_step(tmp_path):
+    """The limit: over a dataset of unknown length every step's all-reduce
+    of whether data remains could wait on the delayed average's, so each
+    worker warns once and averages after the step, exactly as without
+    overlap, and nothing hangs."""
+    config = dict(interval=4, momentum=0.5, epochs=2, overlap=3, dataset="unknown")
+    result = run_workers(tmp_path, 2, timeout=120, **config)
+    assert result.ok, result.failure_report()
+    for worker in result.workers:
+        assert worker.log.count("agree at every step on whether data remains") == 1
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    weights, _ = mirrored_reference(2, **{**config, "dataset": True, "overlap": False})
+    delayed, _ = mirrored_reference(2, **{**config, "dataset": True})
+    assert np.abs(weights - delayed).max() > 1e-5
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_a_delayed_worker_does_not_delay_its_peers_local_steps(tmp_path):
     """Worker 1 sleeps 2 s before its 4th step. At interval 8 worker 0's 4th
     step is local and does not wait; the wait surfaces at step 8's average,

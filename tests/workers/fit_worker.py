@@ -41,7 +41,7 @@ DEFAULTS = {
     "samples": 256,
     "batch_per_replica": 8,
     "steps_per_execution": 1,
-    "dataset": False,
+    "dataset": False,  # True: a batched tf.data.Dataset; "unknown": of unknown length
     "validation": False,
     "backup_dir": None,
     "peer_timeout": 10.0,
@@ -373,6 +373,8 @@ def train(config, strategy, index):
         callbacks.insert(0, keras_skip.TraceCallback(config["trace"]))
     if config["dataset"]:
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+        if config["dataset"] == "unknown":
+            data = data.filter(lambda *_: True)
         fit_args = dict(x=data)
     else:
         fit_args = dict(x=x, y=y, batch_size=global_batch, shuffle=False)
