@@ -2,11 +2,12 @@
 
 One policy is chosen when the optimizer is built, from `optimizer_state`
 (``maths.OPTIMIZER_STATE_POLICIES``): `Local` keeps each replica's slots,
-`Averaged` averages them with the weights, `Reset` sets them back to the
-constants they start from. Whatever the policy, a synchronous step averages
-them first if they differ between replicas (all its replicas then take the
-same step from the same state), and so does every boundary average that asks
-for them (``include_slots``).
+`Averaged` averages them with the weights, `AveragedSecondMoments` averages
+only the second moments (the preconditioner, such as Adam's velocities),
+`Reset` sets them back to the constants they start from. Whatever the
+policy, a synchronous step averages them first if they differ between
+replicas (all its replicas then take the same step from the same state), and
+so does every boundary average that asks for them (``include_slots``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,39 @@ class Averaged(Local):
             self.apart.value.assign(0)
 
 
+class AveragedSecondMoments(Local):
+    """Every average averages the slots that estimate the squared gradient
+    (``optimizer_state="average_second_moments"``), and the other slots
+    stay each replica's own. With skewed shards each replica's own second
+    moments scale its steps differently, which the correction, measured in
+    weight space, cannot undo (see the algorithm page); shared second
+    moments cost one slot's bytes, where ``"average"`` sends them all."""
+
+    def __init__(self, inner, apart):
+        super().__init__(inner, apart)
+        self._second = second_moment_ids(inner)
+
+    def sent(self, slots, include_slots: bool) -> list:
+        if include_slots:
+            return list(slots)
+        return [s for s in slots if id(s) in self._second]
+
+
+def second_moment_ids(inner) -> set[int]:
+    """The ids of `inner`'s second-moment slot variables; a ValueError if it
+    keeps none (SGD, Lion)."""
+    found = {id(tf_variable(v)) for v in _compat.second_moments(inner)}
+    if not found:
+        raise ValueError(
+            "SkipCorrectionOptimizer(optimizer_state='average_second_moments') "
+            "averages the inner optimizer's second moments (Adam's "
+            "velocities, Adagrad's accumulators, ...), but "
+            f"{type(inner).__name__} keeps none. Use optimizer_state="
+            "'average' or 'local'."
+        )
+    return found
+
+
 class Reset(Local):
     """Every interval average sets the slots back to the constants they
     start from (``optimizer_state="reset"``); `starts`: those constants, by
@@ -91,12 +125,19 @@ def build(optimizer_state: str, inner, add_variable, starts: dict[int, float]):
     """The policy for `optimizer_state`, its variable made with the
     optimizer's `add_variable`; `starts`: see `constant_starts` (used by
     ``"reset"`` only)."""
+    if optimizer_state == "average_second_moments":
+        second_moment_ids(inner)  # refused before any variable is made
     # 1 while the slots differ between replicas: a synchronous step must not
     # start from them.
     apart = add_variable((), dtype="int64", name="slots_apart")
     if optimizer_state == "reset":
         return Reset(inner, apart, starts)
-    return {"local": Local, "average": Averaged}[optimizer_state](inner, apart)
+    policies = {
+        "local": Local,
+        "average": Averaged,
+        "average_second_moments": AveragedSecondMoments,
+    }
+    return policies[optimizer_state](inner, apart)
 
 
 def constant_starts(inner) -> dict[int, float]:

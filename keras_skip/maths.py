@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-OPTIMIZER_STATE_POLICIES = ("local", "average", "reset")
+OPTIMIZER_STATE_POLICIES = ("local", "average", "average_second_moments", "reset")
 COMPRESSIONS = ("bfloat16", "float16")
 
 
@@ -45,11 +45,14 @@ class InnerOptimizer(NamedTuple):
     ``init(x)`` returns the slots for weights ``x``; ``step(g, x, slots, lr,
     t)`` returns ``(displacement, new_slots)`` for gradient ``g`` at 0-based
     step ``t``, so that the optimizer moves ``x`` to ``x + displacement``.
-    ``slots`` is a tuple of arrays shaped like ``x`` (empty for plain SGD).
+    ``slots`` is a tuple of arrays shaped like ``x`` (empty for plain SGD);
+    ``second_moments`` gives the indices of those that estimate the squared
+    gradient and scale the step (Adam's ``v``): the preconditioner.
     """
 
     init: Callable[[np.ndarray], tuple[np.ndarray, ...]]
     step: Callable[..., tuple[np.ndarray, tuple[np.ndarray, ...]]]
+    second_moments: tuple[int, ...] = ()
 
 
 def as_keras_casts(value: float) -> float:
@@ -108,7 +111,7 @@ def adam(
         x_new = x_decayed - alpha * m / (np.sqrt(v) + epsilon)
         return x_new - x, (m, v)
 
-    return InnerOptimizer(init, step)
+    return InnerOptimizer(init, step, second_moments=(1,))
 
 
 # ---------------------------------------------------------------------------
@@ -406,8 +409,12 @@ def simulate(
             the 0-based step (an interval changed during training).
         correction: ``beta`` in ``[0, 1]``.
         inner: The inner optimizer (default: plain SGD).
-        optimizer_state: ``"local"``, ``"average"`` or ``"reset"``: what an
-            average does to the inner optimizer's slots.
+        optimizer_state: ``"local"``, ``"average"``,
+            ``"average_second_moments"`` or ``"reset"``: what an average does
+            to the inner optimizer's slots. ``"average_second_moments"``
+            averages the slots ``inner.second_moments`` names (the
+            preconditioner) and keeps the others local; an inner optimizer
+            without such slots is refused.
         warmup_steps: Number of initial synchronous steps.
         boundaries: Step counts after which a boundary average happens (end of
             an epoch): ``3`` means after the third step.
@@ -467,6 +474,12 @@ def simulate(
     if group_size < 1 or n % group_size:
         raise ValueError(f"group_size {group_size} does not divide n={n}")
     inner = inner or sgd()
+    second_moments = set(inner.second_moments)
+    if optimizer_state == "average_second_moments" and not second_moments:
+        raise ValueError(
+            "optimizer_state 'average_second_moments' needs an inner optimizer "
+            "with second moments (InnerOptimizer.second_moments)"
+        )
     lr_fn = learning_rate if callable(learning_rate) else (lambda t: learning_rate)
     interval_fn = interval if callable(interval) else (lambda t: interval)
     x = (
@@ -539,6 +552,12 @@ def simulate(
             if optimizer_state == "average" or include_slots:
                 slots = tuple(put(s, j, _replicate_mean(get(s, j))) for s in slots)
                 slots_apart[j] = False
+            elif optimizer_state == "average_second_moments":
+                # The other slots stay apart.
+                slots = tuple(
+                    put(s, j, _replicate_mean(get(s, j))) if k in second_moments else s
+                    for k, s in enumerate(slots)
+                )
             elif optimizer_state == "reset":
                 slots = tuple(put(s, j, np.zeros_like(get(s, j))) for s in slots)
                 slots_apart[j] = False
@@ -576,10 +595,17 @@ def simulate(
         )
         if optimizer_state == "local":
             slots = slots_now
-        elif optimizer_state == "average":  # "reset" restarted them
+        elif optimizer_state.startswith("average"):  # "reset" restarted them
+            averaged = (
+                range(len(slots)) if optimizer_state == "average" else second_moments
+            )
             slots = tuple(
                 put(now, j, overlapped_average(get(s, j), get(now, j), get(snap, j)))
-                for s, now, snap in zip(slots, slots_now, snapshot_slots, strict=True)
+                if k in averaged
+                else now
+                for k, (s, now, snap) in enumerate(
+                    zip(slots, slots_now, snapshot_slots, strict=True)
+                )
             )
         else:
             slots = tuple(

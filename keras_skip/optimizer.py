@@ -89,7 +89,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         optimizer_state: What an average does to the inner optimizer's slots
             (momentum, Adam moments): `"local"` (default) keeps each replica's
             own and sends nothing extra, `"average"` averages them with the
-            weights (more traffic), `"reset"` sets them back to the values
+            weights (more traffic), `"average_second_moments"` averages only
+            those that scale the step by the squared gradient (Adam's
+            velocities, Adagrad's accumulators, ...; for Adam-family
+            optimizers on skewed data) and keeps the others local,
+            `"reset"` sets them back to the values
             they started from (zero for momentum and Adam's moments,
             `initial_accumulator_value` for Adagrad's accumulators; state
             that starts from anything else is refused when built).

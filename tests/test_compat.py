@@ -512,6 +512,50 @@ def _private_uses(path: pathlib.Path) -> list[str]:
     return found
 
 
+SECOND_MOMENTS = {  # optimizer: the names of its second-moment slots
+    keras.optimizers.Adam: ["velocity"],
+    lambda: keras.optimizers.Adam(amsgrad=True): ["velocity", "velocity_hat"],
+    keras.optimizers.AdamW: ["velocity"],
+    keras.optimizers.Nadam: ["velocity"],
+    keras.optimizers.Lamb: ["velocity"],
+    lambda: keras.optimizers.RMSprop(momentum=0.5, centered=True): ["velocity"],
+    keras.optimizers.Adagrad: ["accumulator"],
+    keras.optimizers.Ftrl: ["accumulator"],
+    keras.optimizers.Adamax: ["norm"],
+    keras.optimizers.Adadelta: ["accumulated_grad", "accumulated_delta_var"],
+    keras.optimizers.SGD: [],
+    lambda: keras.optimizers.SGD(momentum=0.9): [],
+    keras.optimizers.Lion: [],
+}
+
+
+@pytest.mark.parametrize(
+    "make", SECOND_MOMENTS, ids=lambda m: getattr(m, "__name__", "-")
+)
+def test_second_moments_are_found_by_their_attributes(make):
+    """`_compat.second_moments` reads the slot lists Keras' optimizers keep
+    (`SECOND_MOMENT_ATTRIBUTES`); each kind of slot is named after what it
+    holds, which is checked here against the names Keras gives them."""
+    optimizer = make()
+    kernel = keras.Variable(np.ones((3, 2)), name="kernel")
+    bias = keras.Variable(np.zeros(2), name="bias")
+    optimizer.build([kernel, bias])
+    found = _compat.second_moments(optimizer)
+    assert all(any(v is w for w in optimizer.variables) for v in found)
+    names = [v.name for v in found]
+    expected = SECOND_MOMENTS[make]
+    assert len(found) == 2 * len(expected), names
+    for kind in expected:
+        assert sum(name.endswith("_" + kind) for name in names) == 2, (kind, names)
+
+
+def test_adafactor_second_moments_are_its_factored_estimates():
+    optimizer = keras.optimizers.Adafactor()
+    optimizer.build([keras.Variable(np.ones((3, 2))), keras.Variable(np.zeros(2))])
+    found = _compat.second_moments(optimizer)
+    assert found and all(any(v is w for w in optimizer.variables) for v in found)
+
+
 def test_private_apis_of_keras_and_tensorflow_are_used_in_compat_only():
     sources = [p for p in PACKAGE.rglob("*.py") if "_compat" not in p.parts]
     assert len(sources) > 20

@@ -66,7 +66,8 @@ def test_bad_correction(value, error, pattern):
 def test_bad_optimizer_state():
     with pytest.raises(
         ValueError,
-        match=r"`optimizer_state` must be one of 'local', 'average', 'reset'\. "
+        match=r"`optimizer_state` must be one of 'local', 'average', "
+        r"'average_second_moments', 'reset'\. "
         r"Received: optimizer_state='global'",
     ):
         SkipCorrectionOptimizer(sgd(), optimizer_state="global")

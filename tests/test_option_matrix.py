@@ -277,6 +277,23 @@ BFLOAT16_ADAM_OVERLAP = {
         "floatx": "float64",
     }
 )
+# Averaged second moments with every option that changes an average: an
+# outer step, float16 payloads, delayed averages, groups and a warm-up.
+@example(
+    {
+        "inner": "adam",
+        "interval": 4,
+        "correction": 1.0,
+        "optimizer_state": "average_second_moments",
+        "outer": "nesterov",
+        "compression": "float16",
+        "overlap": 2,
+        "group_size": 2,
+        "warmup_steps": 3,
+        "steps_per_execution": 1,
+        "floatx": "float64",
+    }
+)
 def test_every_combination_keeps_the_invariants(drawn):
     drawn = dict(drawn)
     inner = drawn.pop("inner")

@@ -90,6 +90,35 @@ def learning_rate_variable(optimizer):
     return optimizer._learning_rate
 
 
+#: The attributes in which Keras' optimizers (3.15) keep the slots that
+#: estimate the squared gradient and scale each step (the preconditioner):
+#: Adam, AdamW, Nadam, Lamb and RMSprop `_velocities` (Adam's AMSGrad also
+#: `_velocity_hats`), Adagrad and Ftrl `_accumulators`, Adamax `_u`,
+#: Adadelta both of its running averages, Adafactor its factored `_r`, `_c`
+#: and `_v`, Muon the `adam_velocities` of the variables it steps with Adam.
+SECOND_MOMENT_ATTRIBUTES = (
+    "_velocities",
+    "_velocity_hats",
+    "_accumulators",
+    "_u",
+    "_accumulated_grads",
+    "_accumulated_delta_vars",
+    "_r",
+    "_c",
+    "_v",
+    "adam_velocities",
+)
+
+
+def second_moments(optimizer) -> list:
+    """The built `optimizer`'s variables that estimate the squared gradient
+    (`SECOND_MOMENT_ATTRIBUTES`); empty for SGD and Lion."""
+    found = []
+    for name in SECOND_MOMENT_ATTRIBUTES:
+        found.extend(v for v in getattr(optimizer, name, None) or () if v is not None)
+    return found
+
+
 def untracked():
     """A context in which attributes set on a Keras object are not tracked
     (``keras.src.utils.tracking.DotNotTrackScope``, keras 3.15): a shared

@@ -37,7 +37,7 @@ and 3 seeds is thousands of runs; one run costs tens of seconds to
 minutes on 2 cores (tracing the train function on 8 replicas alone takes
 from 15 s for the CNN to over a minute for the language model). So:
 
-- the key cells of the issue's first target get 3 seeds and all seven
+- the key cells of the map's first target get 3 seeds and all eight
   methods: AdamW (warm-up + cosine), Dirichlet 0.1 label skew (the
   language model: shards by source file), interval 128, 8 replicas, for
   the CNN and the language model;
