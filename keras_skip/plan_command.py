@@ -111,6 +111,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the type of the averages' payload",
     )
     skip.add_argument(
+        "--slot-copies",
+        type=int,
+        default=0,
+        help="the inner optimizer's slots each average sends, in copies of the "
+        "model: 0 with optimizer_state='local' (default), 1 with Adam's "
+        "second moments ('average_second_moments'), 2 with all of Adam's "
+        "slots ('average')",
+    )
+    skip.add_argument(
         "--overlap",
         type=int,
         default=0,
@@ -169,6 +178,10 @@ def run(
         parser.error("give the model: --model PATH.keras or --params N")
     if args.overlap < 0:
         parser.error(f"argument --overlap: must be an integer >= 0, got {args.overlap}")
+    if args.slot_copies < 0:
+        parser.error(
+            f"argument --slot-copies: must be an integer >= 0, got {args.slot_copies}"
+        )
     measured = None
     if args.probe:
         if args.model is None:
@@ -213,6 +226,7 @@ def run(
             link,
             interval=args.interval,
             compression=None if args.compression == "none" else args.compression,
+            slot_copies=args.slot_copies,
             overlap=args.overlap,
             overlap_share=args.overlap_share,
             target_ratio=args.target_ratio,

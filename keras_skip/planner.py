@@ -22,7 +22,10 @@ The model (``docs/planner.md`` derives it and shows where it was checked):
   end of each epoch (the boundary average that validation and checkpoints
   see): ``ceil(steps_per_epoch / interval)`` averages an epoch, each of the
   weights in the payload's type (2 bytes a value with ``bfloat16`` or
-  ``float16`` compression). With ``overlap`` steps, an average other than the
+  ``float16`` compression) and of the slots the slot policy sends, in their
+  own type (``slot_copies`` copies of the model: 0 for
+  ``optimizer_state="local"``, 1 for Adam's second moments, 2 for all of
+  Adam's slots). With ``overlap`` steps, an average other than the
   boundary one runs beside up to that many local steps, which hide
   ``overlap_share`` of the shorter of the two.
 - The adaptive interval is :func:`keras_skip.maths.adaptive_interval` of the
@@ -234,17 +237,22 @@ def synchronous(workload: Workload, workers: int, link: Link) -> Prediction:
     )
 
 
-def payload_bytes(workload: Workload, compression: str | None = None) -> int:
+def payload_bytes(
+    workload: Workload, compression: str | None = None, slot_copies: int = 0
+) -> int:
     """Bytes of one average's payload: the weights, 2 bytes a value when
-    compressed to ``bfloat16`` or ``float16``."""
+    compressed to ``bfloat16`` or ``float16``, and ``slot_copies`` copies of
+    the model's size for the inner optimizer's slots the slot policy sends
+    (never compressed)."""
+    slots = _count("slot_copies", slot_copies, minimum=0) * workload.model_bytes
     if compression is None:
-        return workload.model_bytes
+        return workload.model_bytes + slots
     if compression not in _COMPRESSED:
         raise ValueError(
             "`compression` must be None, 'bfloat16' or 'float16'. "
             f"Received: compression={compression!r}"
         )
-    return workload.params * 2
+    return workload.params * 2 + slots
 
 
 def skip(
@@ -254,6 +262,7 @@ def skip(
     *,
     interval: int | None = None,
     compression: str | None = None,
+    slot_copies: int = 0,
     overlap: int = 0,
     overlap_share: float = OVERLAP_SHARE,
     target_ratio: float = 1.0,
@@ -261,8 +270,10 @@ def skip(
 ) -> Prediction:
     """keras-skip at ``interval`` (None: the adaptive callback's choice).
 
-    ``overlap`` is the number of local steps an average runs beside (the
-    optimizer's ``overlap=k``; 0 for none).
+    ``slot_copies``: the inner optimizer's slots each average sends, in
+    copies of the model (:func:`payload_bytes`). ``overlap`` is the number
+    of local steps an average runs beside (the optimizer's ``overlap=k``; 0
+    for none).
     """
     workers = _count("workers", workers)
     overlap = _count("overlap", overlap, minimum=0)
@@ -272,7 +283,7 @@ def skip(
             "`overlap_share` is a share of the wire time, in [0, 1]. "
             f"Received: overlap_share={overlap_share!r}"
         )
-    payload = payload_bytes(workload, compression)
+    payload = payload_bytes(workload, compression, slot_copies)
     all_reduce = link.all_reduce_seconds(payload, workers)
     if interval is None:
         if workers == 1:

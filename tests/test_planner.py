@@ -1,6 +1,7 @@
 """The planner: its model of time by hand and by its invariants, checked
 against every committed benchmark run, its docs page, and `keras-skip plan`."""
 
+import argparse
 import json
 import math
 import pathlib
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keras_skip import cli, maths, planner
+from keras_skip import cli, maths, plan_command, planner
 from keras_skip.bench.planner import check as plan_check
 from keras_skip.bench.planner import tables as plan_tables
 
@@ -145,6 +146,12 @@ def test_invariants(workload, link, workers, interval, compression, overlap, sha
             lambda: planner.synchronous(planner.Workload(10, 0.1, 10), 0, _link()),
             "`workers`",
         ),
+        (
+            lambda: planner.skip(
+                planner.Workload(10, 0.1, 10), 2, _link(), slot_copies=-1
+            ),
+            "`slot_copies` must be an integer >= 0. Received: slot_copies=-1",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error(make, message):
@@ -156,6 +163,43 @@ def test_bad_input_is_a_clear_error(make, message):
 
 def _link():
     return planner.Link.from_text("1gbit", "1ms")
+
+
+def test_slots_an_average_sends_add_their_bytes_and_lengthen_the_interval():
+    """Adam's second moments (one copy of the model) add the model's float32
+    bytes to every average, compressed or not; the adaptive interval, which
+    balances an average against the steps, grows with them."""
+    workload = planner.Workload(1_000_000, 0.01, 100)
+    link = planner.Link.from_text("1gbit", "1ms")
+    for compression, weights in ((None, 4_000_000), ("bfloat16", 2_000_000)):
+        for copies in (0, 1, 2):
+            assert planner.payload_bytes(workload, compression, copies) == (
+                weights + copies * 4_000_000
+            )
+    local, second = (
+        planner.skip(workload, 8, link, slot_copies=copies) for copies in (0, 1)
+    )
+    extra_wire = 2 * 7 / 8 * 4_000_000 / (link.efficiency * link.bandwidth)
+    assert second.all_reduce_seconds - local.all_reduce_seconds == pytest.approx(
+        extra_wire
+    )
+    assert second.interval > local.interval
+    report = cli_report(["--slot-copies", "1"])
+    assert report["skip"]["interval"] == second.interval
+
+
+def cli_report(extra):
+    parser = argparse.ArgumentParser()
+    plan_command.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            *("--params", "1000000", "--step-time", "0.01"),
+            *("--steps-per-epoch", "100", "--workers", "8"),
+            *("--bandwidth", "1gbit", "--latency", "1ms"),
+            *extra,
+        ]
+    )
+    return plan_command.run(args, parser, print_fn=lambda text: None)
 
 
 def test_every_committed_run_within_25_percent():
@@ -316,6 +360,13 @@ def test_plan_command_counts_a_saved_models_values(tmp_path, capsys):
             "`efficiency` is a share of the bandwidth, in (0, 1]",
         ),
         (["--params", "10", "--probe"], "--probe times the model's steps"),
+        (
+            [
+                *("--params", "10", "--workers", "2", "--step-time", "1"),
+                *("--bandwidth", "1gbit", "--slot-copies", "-1"),
+            ],
+            "argument --slot-copies: must be an integer >= 0, got -1",
+        ),
     ],
 )
 def test_plan_command_errors_name_the_option(argv, message, capsys):
