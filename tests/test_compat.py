@@ -549,6 +549,20 @@ def test_second_moments_are_found_by_their_attributes(make):
         assert sum(name.endswith("_" + kind) for name in names) == 2, (kind, names)
 
 
+def test_an_optimizer_of_another_class_has_no_second_moments():
+    """Attribute names alone decide nothing: a custom optimizer whose `_v`
+    holds something else is not read."""
+
+    class Custom(keras.optimizers.SGD):
+        def build(self, variables):
+            super().build(variables)
+            self._v = self.add_optimizer_variables(variables, "v")
+
+    optimizer = Custom(0.1)
+    optimizer.build([keras.Variable(np.ones(2))])
+    assert optimizer._v and _compat.second_moments(optimizer) == []
+
+
 def test_adafactor_second_moments_are_its_factored_estimates():
     optimizer = keras.optimizers.Adafactor()
     optimizer.build([keras.Variable(np.ones((3, 2))), keras.Variable(np.zeros(2))])

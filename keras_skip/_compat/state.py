@@ -90,32 +90,35 @@ def learning_rate_variable(optimizer):
     return optimizer._learning_rate
 
 
-#: The attributes in which Keras' optimizers (3.15) keep the slots that
-#: estimate the squared gradient and scale each step (the preconditioner):
-#: Adam, AdamW, Nadam, Lamb and RMSprop `_velocities` (Adam's AMSGrad also
-#: `_velocity_hats`), Adagrad and Ftrl `_accumulators`, Adamax `_u`,
-#: Adadelta both of its running averages, Adafactor its factored `_r`, `_c`
-#: and `_v`, Muon the `adam_velocities` of the variables it steps with Adam.
-SECOND_MOMENT_ATTRIBUTES = (
-    "_velocities",
-    "_velocity_hats",
-    "_accumulators",
-    "_u",
-    "_accumulated_grads",
-    "_accumulated_delta_vars",
-    "_r",
-    "_c",
-    "_v",
-    "adam_velocities",
-)
+#: Where Keras' optimizers (3.15) keep the slots that estimate the squared
+#: gradient and scale each step (the preconditioner), by class name (a class
+#: missing from an older Keras is skipped); a subclass keeps its base's.
+SECOND_MOMENT_ATTRIBUTES = {
+    "Adam": ("_velocities", "_velocity_hats"),  # also AdamW; AMSGrad's hats
+    "Nadam": ("_velocities",),
+    "Lamb": ("_velocities",),
+    "RMSprop": ("_velocities",),
+    "Adagrad": ("_accumulators",),
+    "Ftrl": ("_accumulators",),
+    "Adamax": ("_u",),
+    "Adadelta": ("_accumulated_grads", "_accumulated_delta_vars"),
+    "Adafactor": ("_r", "_c", "_v"),
+    "Muon": ("adam_velocities",),  # of the variables it steps with Adam
+}
 
 
 def second_moments(optimizer) -> list:
     """The built `optimizer`'s variables that estimate the squared gradient
-    (`SECOND_MOMENT_ATTRIBUTES`); empty for SGD and Lion."""
+    (`SECOND_MOMENT_ATTRIBUTES`); empty for SGD, Lion and optimizers of
+    other classes."""
     found = []
-    for name in SECOND_MOMENT_ATTRIBUTES:
-        found.extend(v for v in getattr(optimizer, name, None) or () if v is not None)
+    for name, attributes in SECOND_MOMENT_ATTRIBUTES.items():
+        cls = getattr(keras.optimizers, name, None)
+        if cls is None or not isinstance(optimizer, cls):
+            continue
+        for attribute in attributes:
+            slots = getattr(optimizer, attribute, None) or ()
+            found.extend(v for v in slots if v is not None)
     return found
 
 
