@@ -213,6 +213,18 @@ def test_outer_optimizer_on_two_workers_equals_two_mirrored_replicas(tmp_path):
 
 
 @pytest.mark.slow
+def test_averaged_second_moments_on_two_workers_equal_two_mirrored_replicas(tmp_path):
+    """Adam's second moments ride in every average's payload across the
+    workers; its first moments stay each worker's own."""
+    config = dict(
+        interval=4, epochs=2, adam=True, optimizer_state="average_second_moments"
+    )
+    assert_two_workers_equal_two_mirrored_replicas(
+        tmp_path, config, "optimizer_state", "local"
+    )
+
+
+@pytest.mark.slow
 def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
     # 256 samples / (2 x 8) = 16 steps per epoch; worker 1 overflows at step 5.
     config = dict(

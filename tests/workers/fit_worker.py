@@ -37,6 +37,8 @@ DEFAULTS = {
     "overflow_step": None,  # this worker's activations are inf at this step
     "step_sleep": 0.0,  # seconds every forward pass of this worker sleeps
     "momentum": 0.0,
+    "adam": False,  # Adam(0.01) as the inner optimizer instead of SGD
+    "optimizer_state": "local",
     "epochs": 2,
     "samples": 256,
     "batch_per_replica": 8,
@@ -185,7 +187,11 @@ def build_model(config, strategy):
             )
         )
         model = keras.Sequential(layers)
-        inner = keras.optimizers.SGD(0.05, momentum=config["momentum"])
+        inner = (
+            keras.optimizers.Adam(0.01)
+            if config["adam"]
+            else keras.optimizers.SGD(0.05, momentum=config["momentum"])
+        )
         if config["mode"] == "skip":
             import keras_skip
 
@@ -202,6 +208,7 @@ def build_model(config, strategy):
                 compression=config["compression"],
                 group_size=config["group_size"],
                 overlap=config["overlap"],
+                optimizer_state=config["optimizer_state"],
             )
         else:
             optimizer = inner
