@@ -90,13 +90,15 @@ def test_get_config_round_trip():
     assert revived.get_config() == config
 
 
-def test_save_load_continue_equals_uninterrupted_training(tmp_path):
-    """4 replicas, Adam slots and corrections that differ per replica: saving
-    after epoch 1 and continuing from the file reproduces the run."""
-    uninterrupted = new_model(mirrored(4), interval=3)
+@pytest.mark.parametrize("optimizer_state", ["local", "average_second_moments"])
+def test_save_load_continue_equals_uninterrupted_training(tmp_path, optimizer_state):
+    """4 replicas, Adam slots and corrections that differ per replica (with
+    averaged second moments, the first moments): saving after epoch 1 and
+    continuing from the file reproduces the run."""
+    uninterrupted = new_model(mirrored(4), interval=3, optimizer_state=optimizer_state)
     fit(uninterrupted, epochs=2)
 
-    first = new_model(mirrored(4), interval=3)
+    first = new_model(mirrored(4), interval=3, optimizer_state=optimizer_state)
     fit(first, epochs=1)
     assert first.optimizer.averages_performed > 0
     path = tmp_path / "model.keras"
