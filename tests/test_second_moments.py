@@ -199,6 +199,34 @@ def test_fit_averages_the_second_moments_only(inner, share):
         assert np.abs(weights_of(model) - weights_of(every)).max() > 1e-6
 
 
+@pytest.mark.parametrize(
+    ("overlap", "steps_per_execution"),
+    [(True, 2), (3, 2)],
+    ids=["overlapped", "delayed"],
+)
+def test_fit_with_overlap_matches_the_reference(overlap, steps_per_execution):
+    """An overlapped or delayed average lands each replica's own steps on
+    top of the mean, second moments included (``maths.overlapped_average``)."""
+    skip = dict(interval=3, correction=1.0, overlap=overlap, optimizer_state=POLICY)
+    model, optimizer = train_keras(
+        mirrored(REPLICAS),
+        lambda: keras.optimizers.Adam(0.05),
+        steps_per_execution=steps_per_execution,
+        **skip,
+    )
+    expected = reference_run(
+        maths.adam(), steps_per_execution=steps_per_execution, **skip
+    )
+    every = reference_run(
+        maths.adam(),
+        steps_per_execution=steps_per_execution,
+        **{**skip, "optimizer_state": "average"},
+    )
+    assert np.abs(expected.x - every.x).max() > 1e-3
+    assert_relative(weights_of(model), expected.x, tolerance=1e-5)
+    assert_relative(corrections_of(optimizer), expected.correction, tolerance=1e-4)
+
+
 def test_an_inner_optimizer_without_second_moments_is_a_clear_error():
     with mirrored(2).scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
