@@ -236,7 +236,7 @@ def test_the_command_line_refuses_clearly(capsys):
     assert main(["--steps", "100", "--cells", "cnn/adamw/iid/H128/r8", "--list"]) == 2
     assert "multiple of the evaluation grid" in capsys.readouterr().err
     assert main(["--list"]) == 0
-    assert "132 runs" in capsys.readouterr().out
+    assert "138 runs" in capsys.readouterr().out
 
 
 # --- tables from the results ----------------------------------------------------

@@ -137,10 +137,16 @@ def test_on_skewed_shards_second_moments_carry_the_gain_of_averaging_every_slot(
     )
     assert gap["skip+correction, first moments averaged"] > local_sgd / 2
     # The correction still helps once the scales are shared.
+    second = gap["skip+correction, second moments averaged"]
+    assert second < gap["local SGD, second moments averaged"]
+    # With an outer Nesterov step, DiLoCo's momentum 0.9 turns the
+    # correction's gain into a loss; momentum 0.5 keeps it.
+    assert gap["second moments averaged, correction, outer momentum 0.9"] > second
     assert (
-        gap["skip+correction, second moments averaged"]
-        < gap["local SGD, second moments averaged"]
+        gap["second moments averaged, correction, outer momentum 0.9"]
+        > gap["DiLoCo, second moments averaged"]
     )
+    assert gap["second moments averaged, correction, outer momentum 0.5"] < second
 
 
 def test_the_benchmark_writes_its_table_and_json(tmp_path, capsys):

@@ -37,7 +37,7 @@ and 3 seeds is thousands of runs; one run costs tens of seconds to
 minutes on 2 cores (tracing the train function on 8 replicas alone takes
 from 15 s for the CNN to over a minute for the language model). So:
 
-- the key cells of the map's first target get 3 seeds and all eight
+- the key cells of the map's first target get 3 seeds and all nine
   methods: AdamW (warm-up + cosine), Dirichlet 0.1 label skew (the
   language model: shards by source file), interval 128, 8 replicas, for
   the CNN and the language model;
@@ -60,6 +60,6 @@ images); the language model (2 causal attention blocks of width 64, 4
 heads, 88 k parameters, context 64) trains 512 steps of 16 windows per
 replica on about 3 M characters of the standard library's ``.py`` files
 (every tenth file held out for validation), and skips interval 512, which
-its budget would average once. That is 124 runs, about 3 hours on 2
+its budget would average once. That is 138 runs, about 3 hours on 2
 cores by the measured costs of :data:`.cells.COSTS`.
 """

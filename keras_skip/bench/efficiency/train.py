@@ -148,8 +148,11 @@ def optimizer(spec: Workload, run: Run):
     method = METHODS[run.method]
     outer = None
     if method.outer:
+        momentum = OUTER_MOMENTUM
+        if method.outer_momentum is not None:
+            momentum = method.outer_momentum
         outer = keras.optimizers.SGD(
-            OUTER_LEARNING_RATE, momentum=OUTER_MOMENTUM, nesterov=True
+            OUTER_LEARNING_RATE, momentum=momentum, nesterov=True
         )
     return keras_skip.SkipCorrectionOptimizer(
         inner_optimizer(spec, run.cell.inner),
