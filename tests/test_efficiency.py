@@ -379,6 +379,20 @@ def test_targets_are_judged_by_their_ratios():
     assert table.endswith("| 1 of 2 cells (50%) | no |\n")
 
 
+def test_the_regimes_table_shows_each_advice_beside_local_sgd_and_diloco():
+    result = key_cell_result(skip=(0.90, 0.91), local=(0.88, 0.89), outer=(0.91, 0.92))
+    rows = report.regimes_table(result).splitlines()
+    assert len(rows) == 2 + len(report.REGIMES)
+    # IID: the default reached the target at 32 steps, DiLoCo too; local SGD
+    # did not run there.
+    assert rows[2].endswith(
+        "| `cnn/adamw/iid/H128/r8` (1) | 32, not run, 32 | 0.9450, not run, 0.9500 |"
+    )
+    assert rows[3].endswith("| `cnn/adamw/dirichlet0.1/H128/r8` | not run | |")
+    for row, (kind, inner, use, cell, _) in zip(rows[2:], report.REGIMES, strict=True):
+        assert row.startswith(f"| {kind} | {inner} | {use} | `{cell}`")
+
+
 def test_refresh_rewrites_the_tables_between_markers(tmp_path):
     (tmp_path / "docs").mkdir()
     results = tmp_path / "r.json"
@@ -398,6 +412,8 @@ def test_the_docs_page_shows_what_the_results_print():
     page = (ROOT / "docs" / "efficiency.md").read_text()
     generated = report.GENERATED.findall(page)
     assert {kind for _, kind, _, _, _ in generated} >= {"steps", "final", "coverage"}
+    generated += report.GENERATED.findall((ROOT / "docs" / "guide.md").read_text())
+    assert "regimes" in {kind for _, kind, _, _, _ in generated}
     for _, kind, path, shown, _ in generated:
         assert shown == report.render(kind, ROOT / path.strip()), (kind, path)
     result = report.load(ROOT / "docs" / "results" / "efficiency.json")

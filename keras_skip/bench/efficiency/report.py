@@ -221,6 +221,80 @@ def coverage_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The advice of the guide's "which method" table: ``(data, inner
+#: optimizer, what to use, the cell that shows it, its method there)``.
+REGIMES = (
+    (
+        "shuffled (IID)",
+        "AdamW",
+        "the defaults",
+        "cnn/adamw/iid/H128/r8",
+        "skip",
+    ),
+    (
+        "skewed (Dirichlet 0.1 labels)",
+        "AdamW",
+        '`optimizer_state="average_second_moments"`',
+        "cnn/adamw/dirichlet0.1/H128/r8",
+        "skip/second",
+    ),
+    (
+        "skewed, with an outer step",
+        "AdamW",
+        "the same, with `SGD(0.7, momentum=0.5, nesterov=True)` as outer optimizer",
+        "cnn/adamw/dirichlet0.1/H128/r8",
+        "second+outer0.5",
+    ),
+    (
+        "skewed (source files)",
+        "AdamW",
+        '`optimizer_state="average_second_moments"`',
+        "lm/adamw/files/H128/r8",
+        "skip/second",
+    ),
+    (
+        "skewed (Dirichlet 0.1 labels)",
+        "SGD with momentum",
+        "the defaults",
+        "cnn/sgdm/dirichlet0.1/H128/r8",
+        "skip",
+    ),
+)
+
+
+def regimes_table(result: dict) -> str:
+    """Per regime of :data:`REGIMES`: the method to use, and in the cell
+    that shows it its steps to the target and final metric, beside plain
+    local SGD's and DiLoCo's (mean over the cell's seeds)."""
+    cells = {c["id"]: c for c in result["cells"]}
+    lines = [
+        "| data | inner optimizer | use | cell (seeds) | steps to target: this, "
+        "local SGD, DiLoCo | final metric: this, local SGD, DiLoCo |",
+        "|---|---|---|---|---|---|",
+    ]
+    for data, inner, use, cell_id, method in REGIMES:
+        cell = cells.get(cell_id)
+        summary = summarize(result, cell) if cell else {}
+        chosen = [summary.get(m) for m in (method, "local", "outer")]
+        if chosen[0] is None:
+            lines.append(f"| {data} | {inner} | {use} | `{cell_id}` | not run | |")
+            continue
+
+        def steps(m):
+            if m is None:
+                return "not run"
+            return NOT_REACHED if m["mean_steps"] is None else f"{m['mean_steps']:.0f}"
+
+        def final(m):
+            return "not run" if m is None else f"{m['mean_final']:.4f}"
+
+        lines.append(
+            f"| {data} | {inner} | {use} | `{cell_id}` ({chosen[0]['seeds']}) "
+            f"| {', '.join(map(steps, chosen))} | {', '.join(map(final, chosen))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 #: The default against local SGD and DiLoCo in a key cell: at most this
 #: fraction of their steps to the target.
 STEP_RATIO_TARGET = 0.8
@@ -349,6 +423,7 @@ KINDS = {
     "detail": detail_table,
     "coverage": coverage_table,
     "targets": targets_table,
+    "regimes": regimes_table,
 }
 
 
