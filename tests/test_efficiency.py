@@ -349,13 +349,15 @@ def key_cell_result(skip, local, outer, iid_skip=(0.945,), iid_outer=(0.95,)):
 
 def test_targets_are_judged_by_their_ratios():
     # The default reaches the target in 32 steps, the others in 64 (0.5x);
-    # its final accuracy is 0.005 below DiLoCo's, whose seeds span 0.01.
-    result = key_cell_result(skip=(0.90, 0.91), local=(0.88, 0.89), outer=(0.91, 0.92))
+    # its final accuracy is 0.005 below DiLoCo's; both span 0.01 over seeds.
+    result = key_cell_result(
+        skip=(0.905, 0.915), local=(0.88, 0.89), outer=(0.91, 0.92)
+    )
     table = report.targets_table(result)
     rows = {line.split(" | ")[0]: line for line in table.splitlines()}
     key = "| `cnn/adamw/dirichlet0.1/H128/r8`: default vs "
     assert rows[key + "local SGD (correction 0), <= 0.8x the steps"].endswith(
-        "0.50x the steps; final 0.9050 vs 0.8850 (2 seeds) | yes |"
+        "0.50x the steps; final 0.9100 vs 0.8850 (2 seeds) | yes |"
     )
     assert rows[key + "outer Nesterov, no correction (DiLoCo), <= 0.8x the steps"]
     iid = rows["| `cnn/adamw/iid/H128/r8`: default within 5% of the best"]
@@ -369,8 +371,9 @@ def test_targets_are_judged_by_their_ratios():
     assert table.endswith("| 2 of 2 cells (100%) | yes |\n")
 
     # Slower and worse than DiLoCo: the step target fails; 0.02 below the
-    # best with a spread of 0.01 fails the share.
-    result = key_cell_result(skip=(0.89, 0.90), local=(0.88, 0.89), outer=(0.91, 0.92))
+    # best with a spread of 0.01 fails the share. Local SGD's wider spread
+    # (0.05) does not count: it is neither the default nor the best.
+    result = key_cell_result(skip=(0.89, 0.90), local=(0.84, 0.89), outer=(0.91, 0.92))
     for run in result["runs"]:
         if run["key"].endswith("/outer") and "dirichlet" in run["key"]:
             run["curve"][1][2] = 0.86  # DiLoCo too reaches it at 32 steps

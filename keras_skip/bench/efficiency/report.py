@@ -327,13 +327,20 @@ def _beats(skip: dict, other: dict, higher: bool) -> tuple[str, bool]:
     return f"{ratio:.2f}x the steps; {finals}", ratio <= STEP_RATIO_TARGET or better
 
 
-def _spread(summary: dict) -> float | None:
-    """The largest range of the final metric over seeds among the methods
-    of a cell with several seeds, but synchronous training."""
+def _best(summary: dict, higher: bool) -> str:
+    """The method with the best mean final metric, but synchronous training."""
+    rivals = [n for n in summary if n != "sync"]
+    pick = max if higher else min
+    return pick(rivals, key=lambda n: summary[n]["mean_final"])
+
+
+def _spread(summary: dict, names) -> float | None:
+    """The larger range over seeds of the final metric of the methods
+    `names`, of those run with several seeds; None if none was."""
     ranges = [
-        max(m["finals"]) - min(m["finals"])
-        for name, m in summary.items()
-        if name != "sync" and m["seeds"] > 1
+        max(summary[n]["finals"]) - min(summary[n]["finals"])
+        for n in names
+        if n in summary and summary[n]["seeds"] > 1
     ]
     return max(ranges, default=None)
 
@@ -352,9 +359,9 @@ def targets_table(result: dict) -> str:
       which the default's final metric is the best, or within one seed
       spread of the best, among the methods that skip (synchronous training
       communicates at every step and is not a rival here). One seed spread
-      is the largest range over seeds of a method's final metric in the
-      cell, or, in a cell of one seed, in its workload's key cell (0 where
-      that has one seed too).
+      is the larger range over seeds of the default's and the best method's
+      final metric in the cell, or, in a cell of one seed, in its
+      workload's key cell (0 where that has one seed too).
     """
     cells = {c["id"]: c for c in result["cells"]}
     summaries = {i: summarize(result, c) for i, c in cells.items()}
@@ -362,8 +369,10 @@ def targets_table(result: dict) -> str:
     spreads = {}
     for key in map_cells.full_map()[:2]:
         summary = summaries.get(key.id, {})
-        spreads[key.workload] = _spread(summary) or 0.0
         higher = result["workloads"].get(key.workload, {}).get("metric") == "accuracy"
+        if DEFAULT in summary:
+            pair = (DEFAULT, _best(summary, higher))
+            spreads[key.workload] = _spread(summary, pair) or 0.0
         for subject, name in ((DEFAULT, "default"), (OPTION, f"`{OPTION}`")):
             ours = summary.get(subject)
             for rival in ("local", "outer"):
@@ -399,9 +408,10 @@ def targets_table(result: dict) -> str:
             continue
         workload = cells[cell_id]["workload"]
         higher = result["workloads"][workload]["metric"] == "accuracy"
-        best = (max if higher else min)(m["mean_final"] for m in rivals.values())
-        spread = _spread(summary)
+        best = _best(rivals, higher)
+        spread = _spread(summary, (DEFAULT, best))
         spread = spreads.get(workload, 0.0) if spread is None else spread
+        best = rivals[best]["mean_final"]
         counted += 1
         if abs(rivals[DEFAULT]["mean_final"] - best) <= spread:
             good.append(cell_id)
