@@ -16,7 +16,10 @@
 - ``coverage``: every cell of the full map, and how many of its runs the
   results hold;
 - ``targets``: the map's targets, each with the ratio it is judged by and
-  whether it is met (:func:`targets_table`).
+  whether it is met (:func:`targets_table`);
+- ``regimes``: which method for which data and inner optimizer, beside
+  plain local SGD and DiLoCo in the cell that shows it
+  (:func:`regimes_table`, printed in the guide).
 
 Steps to the target are read from each run's curve on the cell's grid:
 the first evaluation (all right after an average) at which the metric
@@ -313,17 +316,17 @@ def _better(final: float, other: float, higher: bool) -> bool:
     return final > other if higher else final < other
 
 
-def _beats(skip: dict, other: dict, higher: bool) -> tuple[str, bool]:
-    """``(ratio shown, met)``: the default's steps to the target against
-    another method's (met at <= :data:`STEP_RATIO_TARGET`, or if the other
-    never reached it), or else its final metric at the same steps."""
-    finals = f"final {skip['mean_final']:.4f} vs {other['mean_final']:.4f}"
-    better = _better(skip["mean_final"], other["mean_final"], higher)
-    if skip["mean_steps"] is None:
+def _beats(ours: dict, other: dict, higher: bool) -> tuple[str, bool]:
+    """``(ratio shown, met)``: a method's steps to the target against
+    another's (met at <= :data:`STEP_RATIO_TARGET`, or if the other never
+    reached it), or else its final metric at the same steps."""
+    finals = f"final {ours['mean_final']:.4f} vs {other['mean_final']:.4f}"
+    better = _better(ours["mean_final"], other["mean_final"], higher)
+    if ours["mean_steps"] is None:
         return f"not reached; {finals}", better
     if other["mean_steps"] is None:
         return f"reached, the other not; {finals}", True
-    ratio = skip["mean_steps"] / other["mean_steps"]
+    ratio = ours["mean_steps"] / other["mean_steps"]
     return f"{ratio:.2f}x the steps; {finals}", ratio <= STEP_RATIO_TARGET or better
 
 
