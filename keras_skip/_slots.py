@@ -77,11 +77,12 @@ class AveragedSecondMoments(Local):
     stay each replica's own. With skewed shards each replica's own second
     moments scale its steps differently, which the correction, measured in
     weight space, cannot undo (see the algorithm page); shared second
-    moments cost one slot's bytes, where ``"average"`` sends them all."""
+    moments cost one slot's bytes, where ``"average"`` sends them all.
+    `second`: the ids of those slots (`second_moment_ids`)."""
 
-    def __init__(self, inner, apart):
+    def __init__(self, inner, apart, second: set[int]):
         super().__init__(inner, apart)
-        self._second = second_moment_ids(inner)
+        self._second = second
 
     def sent(self, slots, include_slots: bool) -> list:
         if include_slots:
@@ -126,18 +127,15 @@ def build(optimizer_state: str, inner, add_variable, starts: dict[int, float]):
     optimizer's `add_variable`; `starts`: see `constant_starts` (used by
     ``"reset"`` only)."""
     if optimizer_state == "average_second_moments":
-        second_moment_ids(inner)  # refused before any variable is made
+        second = second_moment_ids(inner)  # refused before any variable
     # 1 while the slots differ between replicas: a synchronous step must not
     # start from them.
     apart = add_variable((), dtype="int64", name="slots_apart")
     if optimizer_state == "reset":
         return Reset(inner, apart, starts)
-    policies = {
-        "local": Local,
-        "average": Averaged,
-        "average_second_moments": AveragedSecondMoments,
-    }
-    return policies[optimizer_state](inner, apart)
+    if optimizer_state == "average_second_moments":
+        return AveragedSecondMoments(inner, apart, second)
+    return {"local": Local, "average": Averaged}[optimizer_state](inner, apart)
 
 
 def constant_starts(inner) -> dict[int, float]:
