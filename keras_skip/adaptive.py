@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from keras_skip import _checks, maths, multi_worker
+from keras_skip import _checks, _interval_limit, maths, multi_worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,8 @@ class IntervalProbe:
     short is noticed from the optimizer's counters and run again. Every
     worker runs the same steps, so they all notice it alike. After round 3,
     :attr:`decision` holds the result and the optimizer's interval is set.
+    A decision longer than the efficiency map's longest kept interval (128)
+    warns (see ``keras_skip._interval_limit``).
     """
 
     #: An interval that no round reaches: round 2 takes no average.
@@ -74,8 +76,11 @@ class IntervalProbe:
         steps: int = 1,
         target_ratio: float = 1.0,
         max_interval: int = 64,
+        caller: str = "choose_interval()",
     ):
         self.optimizer = optimizer
+        #: Who chose, as the warning of a long interval names it.
+        self.caller = caller
         self.target_ratio = target_ratio
         self.max_interval = max_interval
         self.decision: IntervalDecision | None = None
@@ -184,6 +189,9 @@ class IntervalProbe:
         )
         self._active = False
         self.optimizer.steering.record(self.decision)
+        _interval_limit.warn_if_longer(
+            self.decision.interval, self.max_interval, self.caller
+        )
 
     def cancel(self) -> None:
         """Gives up a probe before its decision and gives the optimizer back
@@ -240,7 +248,10 @@ def choose_interval(
     ValueError, decide nothing and give the optimizer back the interval it
     had before the call (any exception in ``run_local_steps`` does the
     same). If the optimizer already holds a decision (restored from a
-    checkpoint), it is returned and nothing runs.
+    checkpoint), it is returned and nothing runs. As with
+    :class:`keras_skip.AdaptiveIntervalCallback`, a decision above 128 warns
+    (the longest interval the efficiency map shows keeping accuracy on
+    skewed shards).
 
     Example:
 

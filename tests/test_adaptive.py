@@ -13,7 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import keras_skip
-from keras_skip import maths
+from keras_skip import _interval_limit, maths
 
 times = st.floats(1e-6, 1e3, allow_nan=False, allow_infinity=False)
 ratios = st.floats(0.05, 20)
@@ -271,6 +271,27 @@ def test_cap_and_target_ratio():
     )
     fit(model, [adaptive])
     assert adaptive.decision.interval == 3
+
+
+@pytest.mark.parametrize("max_interval", [128, 1000])
+def test_an_interval_beyond_the_maps_longest_kept_one_warns(max_interval, recwarn):
+    model = new_model(mirrored(2), optimizer_class=SlowAverage)
+    adaptive = keras_skip.AdaptiveIntervalCallback(
+        target_ratio=1e-6, max_interval=max_interval, verbose=0
+    )
+    fit(model, [adaptive])
+    assert adaptive.decision.interval == max_interval
+    warned = [w for w in recwarn if "efficiency map" in str(w.message)]
+    if max_interval <= _interval_limit.LONGEST_KEPT:
+        assert warned == []
+    else:
+        assert len(warned) == 1
+        message = str(warned[0].message)
+        assert message.startswith(
+            "AdaptiveIntervalCallback chose interval 1000 (max_interval=1000)"
+        )
+        assert "pass max_interval=128" in message
+        assert warned[0].filename == __file__  # it points at the fit call
 
 
 def test_cheap_communication_keeps_interval_1():

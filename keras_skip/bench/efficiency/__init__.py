@@ -60,6 +60,6 @@ images); the language model (2 causal attention blocks of width 64, 4
 heads, 88 k parameters, context 64) trains 512 steps of 16 windows per
 replica on about 3 M characters of the standard library's ``.py`` files
 (every tenth file held out for validation), and skips interval 512, which
-its budget would average once. That is 138 runs, about 3 hours on 2
+its budget would average once. That is 161 runs, about 3.4 hours on 2
 cores by the measured costs of :data:`.cells.COSTS`.
 """

@@ -148,6 +148,8 @@ METHODS = {
 MAIN_METHODS = ("sync", "local", "skip", "outer", "outer+correction")
 ALL_METHODS = tuple(METHODS)
 SGD_METHODS = tuple(m for m in METHODS if "second" not in m)
+#: The main methods and the option that shares AdamW's second moments.
+ADAMW_METHODS = (*MAIN_METHODS, "skip/second")
 #: DiLoCo's outer optimizer: Nesterov SGD, learning rate 0.7, momentum 0.9.
 OUTER_LEARNING_RATE = 0.7
 OUTER_MOMENTUM = 0.9
@@ -209,22 +211,24 @@ def full_map() -> list[Cell]:
       128, skewed shards (Dirichlet 0.1; the language model by source
       file), for the CNN and the language model: the map's first target.
     - Around each key cell, one factor at a time (1 seed, the five main
-      methods): IID shards (with `skip/second` too); interval 32 (the CNN
-      also 8 and 512); 4 replicas; for the CNN, Dirichlet 1.0 and SGD with
-      momentum (with the slot policies too: momentum is a slot). The
+      methods, and `skip/second` wherever the inner optimizer is AdamW): IID
+      shards; interval 32 (the CNN also 8 and 512); 4 replicas; for the CNN,
+      Dirichlet 1.0 and SGD with momentum (with the slot policies too:
+      momentum is a slot). The
       language model costs the most (its train function takes minutes to
       compile on 8 replicas), so it runs 512 steps and no interval 512.
     - The MLP, the cheapest model: both optimizers at every interval on
-      Dirichlet 0.1 shards, 8 replicas (1 seed, the five main methods).
+      Dirichlet 0.1 shards, 8 replicas (the five main methods, and
+      `skip/second` with AdamW; 1 seed, 3 at AdamW's interval 128 to measure
+      the MLP's spread over seeds).
     """
     cells: list[Cell] = []
     for name in ("cnn", "lm"):
         skewed = WORKLOADS[name].skewed
         cells.append(Cell(name, "adamw", skewed, 128, 8, ALL_METHODS, KEY_SEEDS))
     for name in ("cnn", "lm"):
-        key = Cell(name, "adamw", WORKLOADS[name].skewed, 128, 8)
-        # The option that shares AdamW's second moments, on IID shards too.
-        cells.append(replace(key, shards="iid", methods=(*MAIN_METHODS, "skip/second")))
+        key = Cell(name, "adamw", WORKLOADS[name].skewed, 128, 8, ADAMW_METHODS)
+        cells.append(replace(key, shards="iid"))
         for interval in (8, 32, 512) if name == "cnn" else (32,):
             cells.append(replace(key, interval=interval))
         if name == "cnn":
@@ -234,7 +238,12 @@ def full_map() -> list[Cell]:
             cells.append(replace(key, inner="sgdm", methods=SGD_METHODS))
     for inner in INNERS:
         for interval in INTERVALS:
-            cells.append(Cell("mlp", inner, "dirichlet0.1", interval, 8))
+            methods = ADAMW_METHODS if inner == "adamw" else MAIN_METHODS
+            # One MLP cell with the key cells' seeds gives the MLP's spread.
+            seeds = KEY_SEEDS if (inner, interval) == ("adamw", 128) else (0,)
+            cells.append(
+                Cell("mlp", inner, "dirichlet0.1", interval, 8, methods, seeds)
+            )
     return cells
 
 

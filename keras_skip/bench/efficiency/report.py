@@ -19,7 +19,11 @@
   whether it is met (:func:`targets_table`);
 - ``regimes``: which method for which data and inner optimizer, beside
   plain local SGD and DiLoCo in the cell that shows it
-  (:func:`regimes_table`, printed in the guide).
+  (:func:`regimes_table`, printed in the guide);
+- ``intervals``: on skewed shards, each method's final accuracy below
+  synchronous training's, per interval, and the longest interval at which
+  the default kept accuracy (:func:`intervals_table`, the adaptive
+  interval's warning follows it).
 
 Steps to the target are read from each run's curve on the cell's grid:
 the first evaluation (all right after an average) at which the metric
@@ -364,19 +368,24 @@ def targets_table(result: dict) -> str:
       spread of the best, among the methods that skip (synchronous training
       communicates at every step and is not a rival here). One seed spread
       is the larger range over seeds of the default's and the best method's
-      final metric in the cell, or, in a cell of one seed, in its
-      workload's key cell (0 where that has one seed too).
+      final metric in the cell, or, in a cell of one seed, the largest such
+      range in the cells of its workload run with several seeds (its key
+      cell; the MLP's cell with 3 seeds), 0 where there is none.
     """
     cells = {c["id"]: c for c in result["cells"]}
     summaries = {i: summarize(result, c) for i, c in cells.items()}
     lines = ["| target | measured | met |", "|---|---|---|"]
-    spreads = {}
+    spreads: dict[str, float] = {}
+    for cell_id, summary in summaries.items():
+        workload = cells[cell_id]["workload"]
+        higher = result["workloads"][workload]["metric"] == "accuracy"
+        if DEFAULT in summary:
+            spread = _spread(summary, (DEFAULT, _best(summary, higher)))
+            if spread is not None:
+                spreads[workload] = max(spreads.get(workload, 0.0), spread)
     for key in map_cells.full_map()[:2]:
         summary = summaries.get(key.id, {})
         higher = result["workloads"].get(key.workload, {}).get("metric") == "accuracy"
-        if DEFAULT in summary:
-            pair = (DEFAULT, _best(summary, higher))
-            spreads[key.workload] = _spread(summary, pair) or 0.0
         for subject, name in ((DEFAULT, "default"), (OPTION, f"`{OPTION}`")):
             ours = summary.get(subject)
             for rival in ("local", "outer"):
@@ -434,6 +443,80 @@ def targets_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The default "kept accuracy" at an interval when its final accuracy was at
+#: most this fraction below synchronous training's in every skewed cell.
+KEPT_LOSS = 0.10
+
+
+def interval_losses(result: dict) -> dict[int, dict[str, list[tuple[str, float]]]]:
+    """Per interval, per method: ``(cell id, loss)`` for every cell whose
+    workload reports accuracy, on skewed shards, where the method and
+    synchronous training both ran; ``loss = 1 - final / synchronous final``
+    (mean over the cell's seeds)."""
+    found: dict[int, dict[str, list[tuple[str, float]]]] = {}
+    for cell in result["cells"]:
+        spec = result["workloads"][cell["workload"]]
+        if spec["metric"] != "accuracy" or cell["shards"] == "iid":
+            continue
+        summary = summarize(result, cell)
+        sync = summary.get("sync")
+        if sync is None:
+            continue
+        for method, m in summary.items():
+            if method == "sync":
+                continue
+            loss = 1 - m["mean_final"] / sync["mean_final"]
+            by_method = found.setdefault(cell["interval"], {})
+            by_method.setdefault(method, []).append((cell["id"], loss))
+    return dict(sorted(found.items()))
+
+
+def longest_kept_interval(result: dict, method: str = DEFAULT) -> int | None:
+    """The longest interval at which ``method`` ended at most
+    :data:`KEPT_LOSS` below synchronous training in every skewed accuracy
+    cell (``None`` if at none)."""
+    kept = [
+        interval
+        for interval, by_method in interval_losses(result).items()
+        if by_method.get(method)
+        and max(loss for _, loss in by_method[method]) <= KEPT_LOSS
+    ]
+    return max(kept, default=None)
+
+
+def intervals_table(result: dict) -> str:
+    """Per interval (a row) and method (a column), on skewed shards: the
+    range over cells of the final accuracy's loss against synchronous
+    training, and the cells counted; then the longest kept interval."""
+    losses = interval_losses(result)
+    methods = [m for m in _methods(result) if m != "sync"]
+    methods = [m for m in methods if any(m in by for by in losses.values())]
+    lines = [
+        "| interval | cells | " + " | ".join(methods) + " |",
+        "|---|---|" + "---|" * len(methods),
+    ]
+    for interval, by_method in losses.items():
+        cells = sorted({c for pairs in by_method.values() for c, _ in pairs})
+        row = []
+        for method in methods:
+            pairs = by_method.get(method)
+            if not pairs:
+                row.append("")
+                continue
+            low = min(loss for _, loss in pairs)
+            high = max(loss for _, loss in pairs)
+            span = f"{low:.1%}" if len(pairs) == 1 else f"{low:.1%} to {high:.1%}"
+            row.append(f"{span} ({len(pairs)})")
+        lines.append(f"| {interval} | {len(cells)} | " + " | ".join(row) + " |")
+    kept = longest_kept_interval(result)
+    lines.append("")
+    lines.append(
+        f"Longest interval at which the default ended at most {KEPT_LOSS:.0%} "
+        f"below synchronous training in every skewed cell: {kept}."
+    )
+    return "\n".join(lines) + "\n"
+
+
 KINDS = {
     "steps": steps_table,
     "final": final_table,
@@ -441,6 +524,7 @@ KINDS = {
     "coverage": coverage_table,
     "targets": targets_table,
     "regimes": regimes_table,
+    "intervals": intervals_table,
 }
 
 
@@ -461,14 +545,13 @@ def refresh(page: str | pathlib.Path) -> int:
     )
 
 
-def heatmap(result: dict, image: str | pathlib.Path) -> None:
-    """Cells (rows) by methods (columns): steps to the target against the
-    best of the cell (left) and the final metric against the best (right),
-    as a PNG. Needs matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def heat_values(result: dict):
+    """The heat map's matrices: ``(methods, rows, steps, finals,
+    not_reached)``, rows ``(cell, summary)``; ``steps`` the ratio of steps
+    to the cell's best (NaN where not run or not reached, which
+    ``not_reached`` marks), ``finals`` the quality against the best, 1 for
+    the best and lower for worse (accuracy / best accuracy, best loss /
+    loss)."""
     import numpy as np
 
     methods = _methods(result)
@@ -476,22 +559,53 @@ def heatmap(result: dict, image: str | pathlib.Path) -> None:
     rows = [(c, s) for c, s in rows if s]
     shape = (len(rows), len(methods))
     steps, finals = np.full(shape, np.nan), np.full(shape, np.nan)
-    for i, (_, summary) in enumerate(rows):
+    not_reached = np.zeros(shape, dtype=bool)
+    for i, (cell, summary) in enumerate(rows):
+        higher = result["workloads"][cell["workload"]]["metric"] == "accuracy"
         for j, method in enumerate(methods):
             m = summary.get(method)
             if m is None:
                 continue
-            steps[i, j] = m["steps_vs_best"] if m["steps_vs_best"] else 3.0
-            finals[i, j] = m["final_vs_best"]
+            if m["steps_vs_best"] is None:
+                not_reached[i, j] = True
+            else:
+                steps[i, j] = m["steps_vs_best"]
+            ratio = m["final_vs_best"]
+            finals[i, j] = ratio if higher else 1 / ratio
+    return methods, rows, steps, finals, not_reached
+
+
+def heatmap(result: dict, image: str | pathlib.Path) -> None:
+    """Cells (rows) by methods (columns), yellow the best of each cell on
+    both sides: steps to the target against the best of the cell (left;
+    grey, "n.r.", where it was not reached), and the final metric's quality
+    against the best (right: accuracy / best accuracy, or best loss / loss,
+    so 1 is the best and lower is worse for every workload), as a PNG.
+    Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    methods, rows, steps, finals, not_reached = heat_values(result)
     figure, axes = plt.subplots(1, 2, figsize=(12, 1.2 + 0.4 * len(rows)))
-    titles = ("steps to target / best (not reached: 3)", "final metric / best")
-    for axis, values, title in zip(axes, (steps, finals), titles, strict=True):
-        shown = axis.imshow(values, cmap="viridis_r", aspect="auto")
+    panels = (
+        (steps, "viridis_r", "steps to target / best (grey: not reached)"),
+        (finals, "viridis", "final metric vs best (accuracy / best; best loss / loss)"),
+    )
+    for axis, (values, colours, title) in zip(axes, panels, strict=True):
+        shown = axis.imshow(values, cmap=colours, aspect="auto")
+        if values is steps:
+            grey = np.where(not_reached, 1.0, np.nan)
+            axis.imshow(grey, cmap="Greys", vmin=0, vmax=4, aspect="auto")
         axis.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
         axis.set_yticks(range(len(rows)), [c["id"] for c, _ in rows], fontsize=7)
         axis.set_title(title, fontsize=9)
         for (i, j), value in np.ndenumerate(values):
-            if not np.isnan(value):
+            if values is steps and not_reached[i, j]:
+                axis.text(j, i, "n.r.", ha="center", va="center", fontsize=7)
+            elif not np.isnan(value):
                 axis.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
         figure.colorbar(shown, ax=axis)
     figure.tight_layout()
