@@ -214,7 +214,13 @@ def test_cells_select_and_refuse_clearly():
     }
     assert all(c.methods == ("sync", "skip") and c.seeds == (5,) for c in chosen)
     extra = cells.select(full, ["mlp/sgdm/iid/H8/r2"])
-    assert extra[0].replicas == 2
+    assert extra[0].replicas == 2 and extra[0].methods == cells.MAIN_METHODS
+    extra = cells.select(full, ["cnn/adamw/dirichlet0.1/H64/r8"], ["skip/second"])
+    assert [(c.id, c.methods) for c in extra] == [
+        ("cnn/adamw/dirichlet0.1/H64/r8", ("skip/second",))
+    ]
+    with pytest.raises(ValueError, match="no second moments"):
+        cells.select(full, ["cnn/sgdm/dirichlet0.1/H64/r8"], ["skip/second"])
     for bad, message in (
         (["cnn/adamw/files/H8/r8"], "shards of cnn"),
         (["cnn/adam/iid/H8/r8"], "inner"),
@@ -237,7 +243,7 @@ def test_the_command_line_refuses_clearly(capsys):
     assert main(["--steps", "100", "--cells", "cnn/adamw/iid/H128/r8", "--list"]) == 2
     assert "multiple of the evaluation grid" in capsys.readouterr().err
     assert main(["--list"]) == 0
-    assert "161 runs" in capsys.readouterr().out
+    assert "167 runs" in capsys.readouterr().out
 
 
 # --- tables from the results ----------------------------------------------------
@@ -319,6 +325,47 @@ def test_the_heat_map_reads_1_as_the_best_for_accuracy_and_for_loss(tmp_path):
     image = tmp_path / "map.png"
     report.heatmap(fake_result(), image)
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_equal_bytes_sets_the_default_at_h_beside_second_moments_at_2h():
+    def cell(interval, methods):
+        return {
+            "id": f"cnn/adamw/dirichlet0.1/H{interval}/r8",
+            "workload": "cnn",
+            "inner": "adamw",
+            "shards": "dirichlet0.1",
+            "interval": interval,
+            "replicas": 8,
+            "methods": methods,
+            "seeds": [0],
+            "grid": 32,
+        }
+
+    def run(interval, method, reached, final):
+        return {
+            "key": f"cnn/adamw/dirichlet0.1/H{interval}/r8/s0/{method}",
+            "curve": [
+                [0, 2.0, 0.1],
+                [32, 1.0, 0.9 if reached else 0.5],
+                [64, 0.5, final],
+            ],
+            "final_accuracy": final,
+            "final_loss": 0.5,
+            "averages": 1,
+        }
+
+    result = {
+        "workloads": {"cnn": {"metric": "accuracy", "target": 0.85}},
+        "cells": [cell(8, ["skip", "skip/second"]), cell(16, ["skip/second"])],
+        "runs": [
+            run(8, "skip", False, 0.84),
+            run(8, "skip/second", True, 0.93),
+            run(16, "skip/second", True, 0.92),
+        ],
+    }
+    table = report.equal_bytes_table(result)
+    assert "| cnn | 8 | not reached, 0.8400 | 32, 0.9200 | 32, 0.9300 |" in table
+    assert "| cnn | 32 | not run | not run | not run |" in table
 
 
 def key_cell_result(skip, local, outer, iid_skip=(0.945,), iid_outer=(0.95,)):
@@ -483,7 +530,7 @@ def test_the_docs_page_shows_what_the_results_print():
     page = (ROOT / "docs" / "efficiency.md").read_text()
     generated = report.GENERATED.findall(page)
     kinds = {kind for _, kind, _, _, _ in generated}
-    assert kinds >= {"steps", "final", "coverage", "intervals"}
+    assert kinds >= {"steps", "final", "coverage", "intervals", "equal_bytes"}
     generated += report.GENERATED.findall((ROOT / "docs" / "guide.md").read_text())
     assert "regimes" in {kind for _, kind, _, _, _ in generated}
     for _, kind, path, shown, _ in generated:
@@ -501,7 +548,7 @@ def test_the_adaptive_intervals_warning_follows_the_map():
     # The warning's and the docstrings' numbers: at most 7% below synchronous
     # training at 128, 10-20% at 512 for the default, 9-23% for every method.
     assert max(loss for _, loss in losses[kept]["skip"]) <= 0.07
-    longer = {h: by for h, by in losses.items() if h > kept}
+    longer = {h: by for h, by in losses.items() if h > kept and "skip" in by}
     assert list(longer) == [512]
     default = [loss for _, loss in longer[512]["skip"]]
     assert len(default) >= 3 and min(default) >= 0.10 and max(default) <= 0.20

@@ -43,12 +43,18 @@ from 15 s for the CNN to over a minute for the language model). So:
   the CNN and the language model;
 - around each key cell one factor changes at a time, with 1 seed and the
   five main methods (synchronous, local SGD, skip+correction, outer
-  Nesterov without and with correction): IID shards, interval 32 (the CNN
+  Nesterov without and with correction), and averaged second moments
+  wherever the inner optimizer is AdamW: IID shards, interval 32 (the CNN
   also 8 and 512), 4 replicas, and for the CNN Dirichlet 1.0 and SGD with
   momentum (with the slot policies ``"average"`` and ``"reset"`` as well,
   since momentum is a slot);
 - the MLP, the cheapest model, covers every interval with both inner
-  optimizers on Dirichlet 0.1 shards (1 seed, the five main methods);
+  optimizers on Dirichlet 0.1 shards (1 seed, 3 at AdamW's interval 128 for
+  its seed spread; the five main methods, and averaged second moments with
+  AdamW);
+- averaged second moments at intervals 16, 64 and 256 on the CNN's and the
+  MLP's AdamW Dirichlet 0.1 shards: at twice an interval of the map they
+  send, per step, the bytes the default sends there;
 - synchronous training does not depend on the interval: one run serves
   every interval of a workload, optimizer, shard kind, replica count and
   seed.
@@ -60,6 +66,6 @@ images); the language model (2 causal attention blocks of width 64, 4
 heads, 88 k parameters, context 64) trains 512 steps of 16 windows per
 replica on about 3 M characters of the standard library's ``.py`` files
 (every tenth file held out for validation), and skips interval 512, which
-its budget would average once. That is 161 runs, about 3.4 hours on 2
+its budget would average once. That is 167 runs, about 3.5 hours on 2
 cores by the measured costs of :data:`.cells.COSTS`.
 """

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field, replace
 from keras_skip.bench.efficiency.data import IMAGE_SHARDS, TEXT_SHARDS
 
 INTERVALS = (8, 32, 128, 512)
+#: Twice the map's intervals up to 128: `skip/second` there sends, per step,
+#: the bytes the default sends at the map's interval with AdamW.
+EQUAL_BYTES_INTERVALS = (16, 64, 256)
 INNERS = ("sgdm", "adamw")
 
 
@@ -217,6 +220,10 @@ def full_map() -> list[Cell]:
       momentum is a slot). The
       language model costs the most (its train function takes minutes to
       compile on 8 replicas), so it runs 512 steps and no interval 512.
+    - Equal bytes: `skip/second` on the CNN's and the MLP's AdamW Dirichlet
+      0.1 shards at intervals 16, 64 and 256 (1 seed). It sends the second
+      moments with the weights, so at twice an interval it sends what the
+      default sends at that interval, per step.
     - The MLP, the cheapest model: both optimizers at every interval on
       Dirichlet 0.1 shards, 8 replicas (the five main methods, and
       `skip/second` with AdamW; 1 seed, 3 at AdamW's interval 128 to measure
@@ -236,6 +243,16 @@ def full_map() -> list[Cell]:
         cells.append(replace(key, replicas=4))
         if name == "cnn":
             cells.append(replace(key, inner="sgdm", methods=SGD_METHODS))
+    # Averaged second moments at twice an interval of the map send the
+    # default's bytes per step with AdamW (weights and second moments, half
+    # as often): the comparison at equal bytes.
+    for name in ("cnn", "mlp"):
+        for interval in EQUAL_BYTES_INTERVALS:
+            cells.append(
+                Cell(
+                    name, "adamw", "dirichlet0.1", interval, 8, ("sync", "skip/second")
+                )
+            )
     for inner in INNERS:
         for interval in INTERVALS:
             methods = ADAMW_METHODS if inner == "adamw" else MAIN_METHODS
@@ -282,7 +299,9 @@ def select(
     """The cells whose id matches one of the shell-style ``patterns`` (all
     without), with their methods restricted to ``methods`` and their seeds
     replaced by ``seeds`` when given. A pattern that is a full cell id not
-    in the map adds that cell, with the main methods and seed 0."""
+    in the map adds that cell, with seed 0 and the main methods, or with
+    ``methods`` when given (those its inner optimizer has: the second-moment
+    methods need AdamW)."""
     for name in methods or ():
         if name not in METHODS:
             raise ValueError(f"method {name!r} is not one of {list(METHODS)}")
@@ -290,7 +309,16 @@ def select(
     for pattern in patterns or ["*"]:
         matched = [c for c in cells if fnmatch.fnmatchcase(c.id, pattern)]
         if not matched and not any(ch in pattern for ch in "*?["):
-            matched = [parse_cell(pattern)]
+            added = parse_cell(pattern)
+            if methods:
+                able = ALL_METHODS if added.inner == "adamw" else SGD_METHODS
+                if not set(methods) & set(able):
+                    raise ValueError(
+                        f"cell {pattern!r}: none of the methods {methods} runs "
+                        f"with inner {added.inner!r} (it has no second moments)"
+                    )
+                added = replace(added, methods=able)
+            matched = [added]
         if not matched:
             known = ", ".join(c.id for c in cells[:3])
             raise ValueError(f"no cell matches {pattern!r} (cells look like {known})")

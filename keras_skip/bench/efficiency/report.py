@@ -23,7 +23,10 @@
 - ``intervals``: on skewed shards, each method's final accuracy below
   synchronous training's, per interval, and the longest interval at which
   the default kept accuracy (:func:`intervals_table`, the adaptive
-  interval's warning follows it).
+  interval's warning follows it);
+- ``equal_bytes``: the default at each interval against averaged second
+  moments (`skip/second`) at twice that interval, which sends as many bytes
+  per step with AdamW (:func:`equal_bytes_table`).
 
 Steps to the target are read from each run's curve on the cell's grid:
 the first evaluation (all right after an average) at which the metric
@@ -517,6 +520,41 @@ def intervals_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def equal_bytes_table(result: dict) -> str:
+    """The default at each interval of the map against `skip/second` at twice
+    that interval, which sends as many bytes per step with AdamW (weights and
+    second moments, half as often): per workload with AdamW on Dirichlet 0.1
+    shards, steps to the target and final metric of both, and `skip/second`
+    at the same interval, which sends twice the bytes."""
+    cells = {c["id"]: c for c in result["cells"]}
+    lines = [
+        "| workload | interval H | default at H: steps, final | `skip/second` "
+        "at 2H (equal bytes): steps, final | `skip/second` at H (twice the "
+        "bytes): steps, final |",
+        "|---|---|---|---|---|",
+    ]
+
+    def shown(cell_id: str, method: str) -> str:
+        cell = cells.get(cell_id)
+        m = summarize(result, cell).get(method) if cell else None
+        if m is None:
+            return "not run"
+        steps = NOT_REACHED if m["mean_steps"] is None else f"{m['mean_steps']:.0f}"
+        seeds = f" ({m['seeds']} seeds)" if m["seeds"] > 1 else ""
+        return f"{steps}, {m['mean_final']:.4f}{seeds}"
+
+    for workload in ("cnn", "mlp"):
+        for half in map_cells.EQUAL_BYTES_INTERVALS:
+            interval = half // 2
+            at_h = f"{workload}/adamw/dirichlet0.1/H{interval}/r8"
+            at_2h = f"{workload}/adamw/dirichlet0.1/H{half}/r8"
+            lines.append(
+                f"| {workload} | {interval} | {shown(at_h, DEFAULT)} "
+                f"| {shown(at_2h, OPTION)} | {shown(at_h, OPTION)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 KINDS = {
     "steps": steps_table,
     "final": final_table,
@@ -525,6 +563,7 @@ KINDS = {
     "targets": targets_table,
     "regimes": regimes_table,
     "intervals": intervals_table,
+    "equal_bytes": equal_bytes_table,
 }
 
 
