@@ -294,6 +294,14 @@ def test_an_interval_beyond_the_maps_longest_kept_one_warns(max_interval, recwar
         assert warned[0].filename == __file__  # it points at the fit call
 
 
+def test_the_warning_names_who_chose_and_stays_silent_up_to_the_limit(recwarn):
+    kept = _interval_limit.LONGEST_KEPT
+    _interval_limit.warn_if_longer(kept, 1000, "choose_interval()")
+    assert not recwarn
+    with pytest.warns(UserWarning, match=r"^choose_interval\(\) chose interval 129 "):
+        _interval_limit.warn_if_longer(kept + 1, 1000, "choose_interval()")
+
+
 def test_cheap_communication_keeps_interval_1():
     model = new_model(mirrored(4), extra_layers=[Sleep(0.2)])
     adaptive = keras_skip.AdaptiveIntervalCallback(verbose=0)
