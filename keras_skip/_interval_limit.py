@@ -6,8 +6,9 @@ the data. The efficiency map (``docs/efficiency.md``, results in
 skewed shards (Dirichlet 0.1 over labels, 8 replicas, the MLP and the CNN,
 SGD with momentum and AdamW): at interval 128 the default method ended at
 most 7% below synchronous training's final accuracy in every such cell, at
-interval 512 it ended 10-20% below in every one (so did every other method).
-Between the two the map has no cell. :func:`warn_if_longer` turns that into
+interval 512 it ended 10-20% below in every one (every other method 9-22%).
+Between the two the map has no cell of the default (only averaged second
+moments at 256, at equal bytes). :func:`warn_if_longer` turns that into
 a warning when the adaptive rule picks a longer interval than
 :data:`LONGEST_KEPT`; the rule is not capped there by default, because with
 shuffled shards longer intervals lose far less and a slow link may need them.
