@@ -1,6 +1,8 @@
 """The baselines of the adaptive interval and the overhead benchmark."""
 
 import json
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -67,6 +69,38 @@ def test_grid_search_tries_every_candidate_and_counts_its_communication():
     assert result.bytes_sent == 10 * (D * 2 + 2) * 4
     assert result.interval in (1, 4)
     assert result.seconds >= sum(t.seconds for t in result.trials)
+
+
+KEEP_THE_SPLIT = """
+import tensorflow as tf
+from keras_skip.bench.workers import devices
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 4
+)
+devices.configure_replicas(2)  # as a benchmark run first in a test process
+strategy = devices.mirrored_strategy(4)
+total = strategy.reduce(
+    "SUM", strategy.run(lambda: tf.constant(1.0)), axis=None
+)
+print(len(tf.config.list_logical_devices("CPU")), float(total))
+"""
+
+
+def test_a_benchmark_keeps_a_larger_split_of_the_cpu_it_finds():
+    """A benchmark run in a process that split the CPU into more devices
+    used to split it anew into fewer, before TensorFlow started: the
+    overhead benchmark run first in a test process left it 2 devices, and a
+    later `fit` on a 4-replica strategy hung in its averages."""
+    done = subprocess.run(
+        [sys.executable, "-c", KEEP_THE_SPLIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["4", "4.0"]
 
 
 @pytest.mark.slow

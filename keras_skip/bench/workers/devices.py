@@ -8,12 +8,18 @@ import os
 def configure_replicas(replicas: int) -> None:
     """Splits the CPU into ``replicas`` logical devices.
 
-    Must run before TensorFlow executes anything in this process.
+    Must run before TensorFlow executes anything in this process. A split
+    into at least ``replicas`` devices that the process already configured
+    is kept: making it smaller would take away devices that strategies
+    created later in the process still name (a 4-replica `fit` after the
+    overhead benchmark in a test process hung in its averages).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or ()) >= replicas:
+        return
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
