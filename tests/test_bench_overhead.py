@@ -1,13 +1,12 @@
 """The baselines of the adaptive interval and the overhead benchmark."""
 
 import json
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 from conftest import mirrored
+from test_package import run_python
 
 import keras_skip
 from keras_skip.bench import overhead
@@ -93,12 +92,7 @@ def test_a_benchmark_keeps_a_larger_split_of_the_cpu_it_finds():
     used to split it anew into fewer, before TensorFlow started: the
     overhead benchmark run first in a test process left it 2 devices, and a
     later `fit` on a 4-replica strategy hung in its averages."""
-    done = subprocess.run(
-        [sys.executable, "-c", KEEP_THE_SPLIT],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python(KEEP_THE_SPLIT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["4", "4.0"]
 

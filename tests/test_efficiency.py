@@ -10,7 +10,7 @@ import pytest
 from conftest import components, mirrored
 
 from keras_skip import _interval_limit
-from keras_skip.bench.efficiency import cells, data, report
+from keras_skip.bench.efficiency import cells, data, heat, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -311,7 +311,7 @@ def test_tables_from_the_results():
 
 def test_the_heat_map_reads_1_as_the_best_for_accuracy_and_for_loss(tmp_path):
     result = fake_result()
-    methods, rows, steps, finals, not_reached = report.heat_values(result)
+    methods, rows, steps, finals, not_reached = heat.heat_values(result)
     assert methods == ["sync", "skip"] and len(rows) == 1
     # skip: one seed never reached the target: grey, not a number.
     assert steps[0, 0] == 1.0 and np.isnan(steps[0, 1]) and not_reached[0, 1]
@@ -320,10 +320,10 @@ def test_the_heat_map_reads_1_as_the_best_for_accuracy_and_for_loss(tmp_path):
     result["workloads"]["mlp"]["metric"] = "loss"
     for run, loss in zip(result["runs"], (2.0, 2.0, 2.5, 2.5), strict=True):
         run["final_loss"] = loss
-    *_, finals, _ = report.heat_values(result)
+    *_, finals, _ = heat.heat_values(result)
     assert finals[0, 0] == 1.0 and finals[0, 1] == pytest.approx(2.0 / 2.5)
     image = tmp_path / "map.png"
-    report.heatmap(fake_result(), image)
+    heat.heatmap(fake_result(), image)
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
