@@ -42,10 +42,10 @@ def simulate(problem, **kwargs):
 def test_after_an_average_the_second_moments_agree_and_the_first_do_not_move(
     problem, interval, beta, lr
 ):
-    """Right after every interval average the second moments agree across
-    replicas. After the first, they are the mean of those of a run that
-    keeps them local (the same path up to that average), and the first
-    moments are each replica's own, untouched."""
+    """Right after an interval average (the last of a run) the second
+    moments agree across replicas. After the first, they are the mean of
+    those of a run that keeps them local (the same path up to that average),
+    and the first moments are each replica's own, untouched."""
     n, dim, steps, grads, x0 = problem
     assume(steps >= interval)
     common = dict(learning_rate=lr, interval=interval, correction=beta)
