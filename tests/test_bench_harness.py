@@ -5,6 +5,7 @@ import os
 import pathlib
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -142,8 +143,11 @@ def test_refresh_prints_every_generated_table_of_a_page_again(tmp_path):
 
 def test_overlap_span_benchmark_times_its_four_cases_and_makes_its_table(tmp_path):
     """``benchmarks/overlap_span.py`` on loopback, 2 real workers, a few steps:
-    every worker reports its four medians, the parts add up to about the
-    whole, and ``tables span`` prints a row from the file."""
+    every worker reports its four medians, each the median of its timed
+    rounds, and the share hidden computed from them; ``tables span`` prints
+    a row from the file. No assertion compares one time with another: on a
+    shared machine any of them can stretch (one with the parts one after
+    the other once came out shorter than half their sum)."""
     script = pathlib.Path(__file__).parents[1] / "benchmarks" / "overlap_span.py"
     out = tmp_path / "span.json"
     arguments = ["--bandwidth", "none", "--steps", "3", "--rounds", "2"]
@@ -160,9 +164,12 @@ def test_overlap_span_benchmark_times_its_four_cases_and_makes_its_table(tmp_pat
     span = json.loads(out.read_text())
     assert span["arguments"]["steps"] == 3 and "json" not in span["arguments"]
     assert len(span["workers"]) == 2
+    cases = ("steps", "all_reduce", "sequential", "together")
     for w in span["workers"]:
-        assert min(w["steps"], w["all_reduce"], w["together"]) > 0
-        assert w["sequential"] >= 0.5 * (w["steps"] + w["all_reduce"])
+        assert sorted(w["rounds"]) == sorted(cases)
+        for case in cases:
+            assert len(w["rounds"][case]) == 2 and min(w["rounds"][case]) > 0
+            assert w[case] == pytest.approx(statistics.median(w["rounds"][case]))
         expected = (w["steps"] + w["all_reduce"] - w["together"]) / min(
             w["steps"], w["all_reduce"]
         )
