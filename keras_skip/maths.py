@@ -642,8 +642,9 @@ def simulate(
             and t % steps_per_execution == 0
             and (
                 local[delayed[0]] >= delay
-                or min(due_in(j, h) for j in range(count)) <= steps_per_execution
+                # Before the offsets, which an interval of 1 has none of.
                 or is_synchronous_step(t, h, warmup_steps)
+                or min(due_in(j, h) for j in range(count)) <= steps_per_execution
                 or local[delayed[0]]
                 + _steps_to_boundary(t, steps_per_execution, boundaries)
                 >= 2

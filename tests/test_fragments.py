@@ -391,3 +391,27 @@ def test_fragments_average_in_turn_and_a_delayed_fragment_lands_alone():
     np.testing.assert_allclose(delayed.history[3][:, 0], landed)
     np.testing.assert_allclose(delayed.history[3][:, 1], own[3][:, 1])  # untouched
     assert np.abs(delayed.x - plain.x).max() > 1e-3
+
+
+def test_a_fragment_in_flight_lands_before_the_interval_turns_synchronous():
+    """Interval 8, 2 fragments, delay 4: fragment 0's snapshot after step 4
+    is on its way when the interval becomes 1 (as `interval = 1` between two
+    executions sets it). Its mean lands before the synchronous step 6, which
+    averages everything first: from then on the replicas agree."""
+    rng = np.random.default_rng(1)
+    grads = rng.normal(size=(8, 3, 2))
+    result = maths.simulate(
+        np.zeros(2),
+        fixed_grads(grads),
+        n=3,
+        steps=8,
+        learning_rate=0.1,
+        interval=lambda t: 8 if t < 5 else 1,
+        correction=1.0,
+        overlap=4,
+        fragments=2,
+    )
+    assert np.ptp(result.history[4][:, 0]) > 1e-3  # step 5: still in flight
+    assert result.interval_averages == 1 and result.boundary_averages == 1
+    for x in result.history[5:]:
+        assert np.ptp(x, axis=0).max() == 0
