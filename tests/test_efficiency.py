@@ -10,7 +10,7 @@ import pytest
 from conftest import components, mirrored
 
 from keras_skip import _interval_limit
-from keras_skip.bench.efficiency import cells, data, heat, report
+from keras_skip.bench.efficiency import cells, data, heat, report, summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -287,20 +287,20 @@ def fake_result():
 
 def test_steps_to_target_read_on_the_grid():
     curve = [[0, 2.0, 0.1], [8, 1.0, 0.9], [16, 0.9, 0.91], [24, 0.5, 0.95]]
-    assert report.steps_to_target(curve, 0.9, True, 8) == 8
-    assert report.steps_to_target(curve, 0.9, True, 16) == 16
-    assert report.steps_to_target(curve, 0.95, True, 16) == 24  # the last step
-    assert report.steps_to_target(curve, 0.4, False, 8) is None
+    assert summary.steps_to_target(curve, 0.9, True, 8) == 8
+    assert summary.steps_to_target(curve, 0.9, True, 16) == 16
+    assert summary.steps_to_target(curve, 0.95, True, 16) == 24  # the last step
+    assert summary.steps_to_target(curve, 0.4, False, 8) is None
 
 
 def test_tables_from_the_results():
     result = fake_result()
-    summary = report.summarize(result, result["cells"][0])
-    assert summary["sync"]["steps"] == [32, 16]
-    assert summary["sync"]["mean_steps"] == 24
-    assert summary["skip"]["steps"] == [48, None]
-    assert summary["skip"]["mean_steps"] is None  # one seed never reached it
-    assert summary["skip"]["final_vs_best"] == pytest.approx(0.85 / 0.9)
+    found = summary.summarize(result, result["cells"][0])
+    assert found["sync"]["steps"] == [32, 16]
+    assert found["sync"]["mean_steps"] == 24
+    assert found["skip"]["steps"] == [48, None]
+    assert found["skip"]["mean_steps"] is None  # one seed never reached it
+    assert found["skip"]["final_vs_best"] == pytest.approx(0.85 / 0.9)
     steps = report.steps_table(result)
     assert "| 24 (1.00x) | not reached |" in steps
     final = report.final_table(result)
@@ -535,13 +535,13 @@ def test_the_docs_page_shows_what_the_results_print():
     assert "regimes" in {kind for _, kind, _, _, _ in generated}
     for _, kind, path, shown, _ in generated:
         assert shown == report.render(kind, ROOT / path.strip()), (kind, path)
-    result = report.load(ROOT / "docs" / "results" / "efficiency.json")
+    result = summary.load(ROOT / "docs" / "results" / "efficiency.json")
     assert result["command"].startswith("python -m keras_skip.bench.efficiency")
     assert "/tmp" not in json.dumps(result)
 
 
 def test_the_adaptive_intervals_warning_follows_the_map():
-    result = report.load(ROOT / "docs" / "results" / "efficiency.json")
+    result = summary.load(ROOT / "docs" / "results" / "efficiency.json")
     kept = _interval_limit.LONGEST_KEPT
     assert report.longest_kept_interval(result) == kept
     losses = report.interval_losses(result)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pathlib
 
-from keras_skip.bench.efficiency.report import _methods, summarize
+from keras_skip.bench.efficiency.summary import methods_of, summarize
 
 
 def heat_values(result: dict):
@@ -21,7 +21,7 @@ def heat_values(result: dict):
     loss)."""
     import numpy as np
 
-    methods = _methods(result)
+    methods = methods_of(result)
     rows = [(c, summarize(result, c)) for c in result["cells"]]
     rows = [(c, s) for c, s in rows if s]
     shape = (len(rows), len(methods))
