@@ -112,6 +112,60 @@ def check_overlap(overlap) -> int:
     return overlap
 
 
+def check_fragments(fragments, interval: int, overlap, compression, outer) -> int:
+    """`fragments` as an integer >= 1, refused where it does not combine."""
+    fragments = _checks.integer("fragments", fragments, minimum=1)
+    if fragments > 1:
+        others = {
+            "overlap": overlap if overlap else None,
+            "compression": compression,
+            "outer_optimizer": outer,
+        }
+        for name, value in others.items():
+            if value is not None:
+                raise ValueError(
+                    f"`fragments` > 1 does not combine with `{name}` yet: "
+                    f"use one of them. Received: fragments={fragments}, "
+                    f"{name}={value!r}"
+                )
+    check_interval_covers(interval, fragments)
+    return fragments
+
+
+def check_interval_covers(interval: int, fragments: int) -> None:
+    """Refuses an interval that cannot average each fragment once."""
+    if 1 < interval < fragments:
+        raise ValueError(
+            f"`interval` must be 1 (synchronous steps) or at least `fragments` "
+            f"({fragments}): every fragment is averaged once per interval. "
+            f"Received: interval={interval}"
+        )
+
+
+def config_of(optimizer) -> dict:
+    """`SkipCorrectionOptimizer.get_config`: its arguments, the wrapped
+    optimizers serialized."""
+    outer = optimizer.outer_optimizer
+    return {
+        "name": optimizer.name,
+        "inner_optimizer": keras.saving.serialize_keras_object(
+            optimizer.inner_optimizer
+        ),
+        "interval": optimizer.interval,
+        "correction": optimizer.correction,
+        "optimizer_state": optimizer.optimizer_state,
+        "warmup_steps": optimizer.warmup_steps,
+        "measure_drift": optimizer.measure_drift,
+        "compression": optimizer.compression,
+        "group_size": optimizer.group_size,
+        "overlap": optimizer.overlap,
+        "fragments": optimizer.fragments,
+        "outer_optimizer": (
+            None if outer is None else keras.saving.serialize_keras_object(outer)
+        ),
+    }
+
+
 def check_group_size(group_size) -> int | str | None:
     if group_size is None or group_size == "worker":
         return group_size
@@ -281,5 +335,5 @@ def reject_base_arguments(kwargs) -> None:
             "SkipCorrectionOptimizer got unexpected arguments: "
             f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
             "correction, optimizer_state, warmup_steps, outer_optimizer, "
-            "compression, measure_drift, group_size, overlap, name."
+            "compression, measure_drift, group_size, overlap, fragments, name."
         )

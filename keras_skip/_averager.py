@@ -71,28 +71,39 @@ class Averager:
         """The corrections of `variables` (None without correction)."""
         return [self._corrections[self._index_of(v)] for v in variables]
 
-    def payload(self, include_slots: bool):
-        """``(weights, slots, payload)``: what an average sends is the
-        payload, the trainable weights first."""
-        weights = [tf_variable(v) for v in self._stepped()]
-        slots = self._slots.slots()
+    def payload(self, include_slots: bool, fragment=None):
+        """``(weights, slots, payload)``: what an average (of `fragment`, or
+        of everything) sends is the payload, the trainable weights first."""
+        schedule = self._schedule
+        weights = [tf_variable(v) for v in schedule.weights(self._stepped(), fragment)]
+        slots = schedule.slots(self._slots.slots(), fragment)
         sent = self._slots.sent(slots, include_slots)
-        return weights, slots, weights + self._model_state() + list(self._votes) + sent
+        state = self._model_state() if schedule.carries_state(fragment) else []
+        return weights, slots, weights + state + list(self._votes) + sent
 
-    def average(self, distribution, include_slots=False):
-        """Averages the replicas now; returns True."""
-        moved = self._schedule.moved()
+    def average(self, distribution, include_slots=False, fragment=None):
+        """Averages the replicas now (only `fragment`'s variables, if given);
+        returns True."""
+        schedule = self._schedule
+        moved = schedule.moved(fragment)
         if distribution.num_replicas_in_sync > 1:
-            weights, slots, payload = self.payload(include_slots)
+            weights, slots, payload = self.payload(include_slots, fragment)
             rest = payload[len(weights) :]
             per_replica = self._codec.send(distribution, weights, rest, moved)
             means = self._codec.reduce(distribution, weights, rest, per_replica)
-            self._assign_means(distribution, payload, weights, means, moved)
+            gamma = schedule.gamma(
+                fragment, schedule.weights(self._stepped(), fragment)
+            )
+            self._assign_means(
+                distribution, payload, weights, means, moved, gamma=gamma
+            )
             self._slots.after_average(slots, include_slots, overlapped=False)
         self._outer.after_average(distribution, moved, self._stepped())
-        self._gamma.value.assign(0.0)
-        self._schedule.after_average(overlapped=False)
-        return self._count()
+        if fragment is None:
+            self._gamma.value.assign(0.0)
+            self._local_steps.value.assign(0)
+        schedule.after_average(overlapped=False, fragment=fragment)
+        return self._count(restart=False)
 
     def average_overlapped(self, distribution, sent, lr):
         """The average of the snapshots `sent` carries (whose all-reduce
@@ -161,7 +172,10 @@ class Averager:
         at, if not the current one."""
         codec = self._codec
         gamma = self._gamma.value if gamma is None else gamma
-        scale = tf.math.divide_no_nan(tf.constant(self._correction, gamma.dtype), gamma)
+        if isinstance(gamma, list):  # one per weight
+            scale = [self._scale(g) for g in gamma]
+        else:
+            scale = self._scale(gamma)
         rest = payload[len(weights) :]
         self._bytes.value.assign_add(codec.bytes(weights, rest))
         self._drift.record(
@@ -172,7 +186,12 @@ class Averager:
         for v, mean in zip(rest, means[len(weights) :], strict=True):
             distribution.extended.update(v, _updates.assign, args=(mean,), group=False)
 
-    def _count(self):
-        self._local_steps.value.assign(0)
+    def _scale(self, gamma):
+        """The corrections' factor ``correction / gamma`` (0 for 0)."""
+        return tf.math.divide_no_nan(tf.constant(self._correction, gamma.dtype), gamma)
+
+    def _count(self, restart=True):
+        if restart:
+            self._local_steps.value.assign(0)
         self._averages.value.assign_add(1)
         return tf.constant(True)

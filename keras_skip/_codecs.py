@@ -70,7 +70,7 @@ class Dense:
                 args=(
                     means[i],
                     corrections[i],
-                    scale,
+                    _updates.scale_of(scale, i),
                     None if values is None else values[i],
                 ),
                 group=False,
@@ -144,7 +144,7 @@ class Compressed(Dense):
                     self._start_of(v),
                     self._error_of(v),
                     corrections[i],
-                    scale,
+                    _updates.scale_of(scale, i),
                     moved,
                     self.wire,
                     None if values is None else values[i],

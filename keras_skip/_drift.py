@@ -35,6 +35,8 @@ class Drift(NoDrift):
     def record(self, distribution, codec, weights, means, moved, values=None):
         """`means`: the weights' part of the average's means; `values`: the
         weights the average sent (a snapshot), if not the variables'."""
+        if not weights:
+            return  # a fragment none of whose variables the steps update
 
         def own_drift(means, values):
             squares = []

@@ -256,6 +256,23 @@ class Flight:
         self._schedule.pending.assign(0)
 
 
+def build(strategy, schedule, averager, steps: int, optimizer) -> Flight | None:
+    """The host side of `schedule` if it is `_overlap.Delayed` (`steps`: the
+    optimizer's ``overlap``), else None; `optimizer`: the one built."""
+    if not isinstance(schedule, _overlap.Delayed):
+        return None
+    return Flight(
+        strategy=strategy,
+        steps=steps,
+        schedule=schedule,
+        averager=averager,
+        codec=optimizer._codec,
+        interval=optimizer._interval_variable,
+        local_steps=optimizer._local_steps,
+        held=lambda: optimizer.steering.held,
+    )
+
+
 def land_before_checkpoint(flight: Flight | None, save_type: str) -> None:
     """Lands a mean on its way before `tf.train.Checkpoint` reads the
     optimizer's state: it walks the objects to save (`_trackable_children`)

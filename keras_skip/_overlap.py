@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from keras_skip import _updates
+from keras_skip.steering import read
 
 
 class Sent(NamedTuple):
@@ -35,13 +36,20 @@ class Sent(NamedTuple):
     means: list  # the payload's means (empty when not overlapped)
 
 
-def _nothing():
+def nothing():
     return tf.constant(False)
 
 
 class Sequential:
     """A due average runs after the step. `local_steps` and `interval`: the
-    optimizer's counter and interval variables."""
+    optimizer's counter and interval variables.
+
+    Every average covers the whole payload: the `fragment` its hooks take is
+    always None (`_streaming.Streaming` averages fragments of it)."""
+
+    #: With fragments: the variable that holds the fragments' averages while
+    #: the interval is held (`_streaming.Streaming`); None here.
+    hold = None
 
     def __init__(self, local_steps, interval, carried=None, full_at=None):
         self._local_steps = local_steps
@@ -56,9 +64,37 @@ class Sequential:
         top of the counter (eagerly)."""
         return 0 if self.carried is None else int(self.carried.numpy())
 
-    def moved(self):
+    def moved(self, fragment=None):
         """Whether the weights moved since the last average (a boolean tensor)."""
         return self._local_steps.value > 0
+
+    def steps_to_next_average(self) -> int:
+        """Local steps until the next interval average is due (eagerly)."""
+        return int(read(self._interval)) - int(read(self._local_steps))
+
+    def weights(self, stepped: list, fragment=None) -> list:
+        """The variables of `stepped` an average of `fragment` covers."""
+        return stepped
+
+    def slots(self, slots: list, fragment=None) -> list:
+        """The slot variables of `slots` an average of `fragment` covers."""
+        return slots
+
+    def carries_state(self, fragment=None) -> bool:
+        """Whether an average of `fragment` carries the model's state."""
+        return True
+
+    def gamma(self, fragment, weights: list):
+        """The learning rates' sum that scales the corrections of `weights`
+        (an average of `fragment`): one for all, a list of one per weight,
+        or None for the optimizer's `gamma`."""
+        return None
+
+    def count_step(self, distribution, lr) -> None:
+        """After the local step's counter rose (`lr`: its learning rate)."""
+
+    def after_synchronous_step(self) -> None:
+        pass
 
     def first_of_period(self):
         """Whether the coming local step is its period's first."""
@@ -72,10 +108,10 @@ class Sequential:
         counter after it). The conditions' names tell the averages apart in
         the graph: tests check that a local step communicates in them only."""
         return tf.cond(
-            local_steps >= self._interval.value, average, _nothing, name="average_due"
+            local_steps >= self._interval.value, average, nothing, name="average_due"
         )
 
-    def after_average(self, overlapped: bool) -> None:
+    def after_average(self, overlapped: bool, fragment=None) -> None:
         pass
 
 
@@ -104,7 +140,7 @@ class Overlapped(Sequential):
         self._codec = codec
         self._payload = payload
 
-    def moved(self):
+    def moved(self, fragment=None):
         return tf.logical_or(super().moved(), self.carried.value > 0)
 
     def first_of_period(self):
@@ -147,11 +183,11 @@ class Overlapped(Sequential):
         return tf.cond(
             sent.overlapped,
             lambda: average_overlapped(sent),
-            lambda: tf.cond(sent.due, average, _nothing, name="average_due"),
+            lambda: tf.cond(sent.due, average, nothing, name="average_due"),
             name="average_overlapped",
         )
 
-    def after_average(self, overlapped: bool) -> None:
+    def after_average(self, overlapped: bool, fragment=None) -> None:
         self.carried.value.assign(1 if overlapped else 0)
 
 
@@ -324,7 +360,7 @@ class Delayed(Sequential):
             )
 
         return tf.cond(
-            local_steps >= self._interval.value, due, _nothing, name="average_due"
+            local_steps >= self._interval.value, due, nothing, name="average_due"
         )
 
     def _snapshot(self, distribution):

@@ -59,21 +59,33 @@ def load(store, variables, state, name: str) -> None:
     if saved == 0:
         return  # saved before the optimizer was built: nothing to restore
     if saved != len(variables):
-        raise ValueError(
-            f"Cannot load the state of SkipCorrectionOptimizer '{name}': "
-            f"it has {len(variables)} variables but the file holds {saved}. "
-            "Was it saved with another inner or outer optimizer, other "
-            "options that keep state (`correction` on or off, "
-            "`compression`, `overlap`, `measure_drift`), or before the "
-            "optimizer was built? Load it into a SkipCorrectionOptimizer "
-            "configured as the one that saved it."
+        raise _other_configuration(
+            name, f"it has {len(variables)} variables but the file holds {saved}"
         )
     for i, v in enumerate(variables):
-        v.assign(store[str(i)])
+        value = np.asarray(store[str(i)])
+        if value.shape != tuple(v.shape):
+            raise _other_configuration(
+                name,
+                f"its variable {i} ('{v.name}') has shape {tuple(v.shape)} but "
+                f"the file holds {value.shape}",
+            )
+        v.assign(value)
     for i, variable, is_correction in state:
         key = REPLICAS_KEY.format(index=i)
         stacked = store[key] if key in keys else np.asarray(store[str(i)])[None]
         write(variable, stacked, is_correction)
+
+
+def _other_configuration(name: str, difference: str) -> ValueError:
+    return ValueError(
+        f"Cannot load the state of SkipCorrectionOptimizer '{name}': "
+        f"{difference}. Was it saved with another inner or outer optimizer, "
+        "other options that keep state (`correction` on or off, "
+        "`compression`, `overlap`, `measure_drift`, `fragments`), or before "
+        "the optimizer was built? Load it into a SkipCorrectionOptimizer "
+        "configured as the one that saved it."
+    )
 
 
 def link(state, owners) -> None:

@@ -193,6 +193,7 @@ class Step:
             grads = grads[: len(tf_variables)]
         _compat.optimizer_step(self._inner, distribution, grads, variables, lr)
         self._synchronous.value.assign_add(1)
+        self._schedule.after_synchronous_step()
         if n > 1:
             self._bytes.value.assign_add(_updates.bytes(tf_variables))
         return tf.constant(False)
@@ -216,9 +217,10 @@ class Step:
         local_steps = self._local_steps.value.assign_add(1)
         if distribution.num_replicas_in_sync > 1:
             self._slots.after_local_step(self._slots.slots())
+        self._schedule.count_step(distribution, lr)
         return self._schedule.after_step(
             sent,
             local_steps,
-            lambda: averager.average(distribution),
+            lambda fragment=None: averager.average(distribution, fragment=fragment),
             lambda sent: averager.average_overlapped(distribution, sent, lr),
         )

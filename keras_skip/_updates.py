@@ -139,6 +139,12 @@ def assign_learning_rate(gamma, lr):
     return gamma.assign(tf.cast(lr, gamma.dtype))
 
 
+def scale_of(scale, i: int):
+    """The correction scale of the `i`-th weight: `scale` itself, or its
+    `i`-th element if it is a list (one per weight)."""
+    return scale[i] if isinstance(scale, list) else scale
+
+
 def assign_with_correction(variable, mean, correction, scale, value=None):
     """``x_i <- mean``, and ``c_i += scale (mean - x_i)``; `value`: the
     replica's weights the average sent (a snapshot), if not the variable's."""

@@ -184,9 +184,14 @@ class IntervalProbe:
             )
             self.collectives += 1
             self.bytes_sent += self._gather_bytes
-        self.decision = decide(
+        decision = decide(
             measured, self.round_steps, self.target_ratio, self.max_interval
         )
+        # With fragments, an interval must average each of them once.
+        fragments = self.optimizer.fragments
+        if 1 < decision.interval < fragments:
+            decision = dataclasses.replace(decision, interval=fragments)
+        self.decision = decision
         self._active = False
         self.optimizer.steering.record(self.decision)
         _interval_limit.warn_if_longer(

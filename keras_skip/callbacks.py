@@ -107,6 +107,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                 "compression": optimizer.compression,
                 "group_size": optimizer.group_size,
                 "overlap": optimizer.overlap,
+                "fragments": optimizer.fragments,
                 "outer optimizer": type(optimizer.outer_optimizer).__name__,
                 "steps_per_execution": self.model.steps_per_execution,
                 "trainable parameters": sum(
@@ -174,9 +175,10 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         if batch + count < steps:
             return
         due = steering.local_steps() + count
-        # At 1 the step would be synchronous; at or beyond the interval the
-        # schedule averages in this execution anyway.
-        if 1 < due < steering.interval_now():
+        # At 1 the step would be synchronous; if an interval average (with
+        # fragments, any fragment's) falls due in this execution, the
+        # schedule averages in it and the boundary average follows it.
+        if due > 1 and count < steering.steps_to_next_average():
             steering.hold(due)
             self._overridden = True
         elif optimizer.overlap:

@@ -22,6 +22,7 @@ from keras_skip import (
     _slots,
     _step,
     _stop_agreement,
+    _streaming,
 )
 from keras_skip.steering import Steering
 from keras_skip.steering import write as _set
@@ -153,6 +154,21 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             steps taken since the snapshot until the next average. Averages
             at epoch boundaries (and wherever the interval is overridden,
             as during the adaptive probe) stay full averages.
+        fragments: Integer >= 1, default 1. Streaming averages: the
+            trainable variables are split into this many fragments of whole
+            variables with near-equal bytes (the same on every worker), and
+            fragment `j` is averaged on its own, `(j + 1) * interval //
+            fragments` local steps after a full average and every `interval`
+            steps after that, so that each average sends about
+            `1 / fragments` of the model and the interval's averages are
+            spread over it (Streaming DiLoCo). Each fragment keeps its own
+            learning rates' sum for its corrections; the model's averaged
+            state (BatchNorm) travels with the last fragment. Averages at
+            epoch boundaries, before a synchronous step and from `average()`
+            cover every fragment. `interval` must be 1 or at least
+            `fragments`; it does not combine with `overlap`, `compression`
+            or `outer_optimizer` yet; at most the number of trainable
+            variables (checked when built).
         name: Optional name of the optimizer.
 
     Example:
@@ -193,6 +209,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         measure_drift: bool = False,
         group_size: int | str | None = None,
         overlap: bool = False,
+        fragments: int = 1,
         name: str | None = None,
         **kwargs,
     ):
@@ -207,6 +224,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         group_size = _arguments.check_group_size(group_size)
         measure_drift = _checks.boolean("measure_drift", measure_drift)
         overlap_steps = _arguments.check_overlap(overlap)
+        fragments = _arguments.check_fragments(
+            fragments, interval, overlap, compression, outer_optimizer
+        )
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(_compat.creation_strategy(self))
         _compat.install_model_hook()
@@ -228,6 +248,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._group = 1  # replicas per group, resolved when built
         self._overlap = overlap
         self._overlap_steps = overlap_steps
+        self._fragments = fragments
         # With overlap >= 2 on several replicas, the host side of delayed
         # averages (`_flight.Flight`), made when built.
         object.__setattr__(self, "_flight", None)
@@ -263,6 +284,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     @interval.setter
     def interval(self, value: int) -> None:
         value = _checks.integer("interval", value, minimum=1)
+        _arguments.check_interval_covers(value, self._fragments)
         if self.built and self._steering.held:
             self._steering.interval_outside_hold = value
         elif self.built:
@@ -304,6 +326,11 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """As given: whether, or over how many local steps, an interval
         average's all-reduce runs beside the steps."""
         return self._overlap
+
+    @property
+    def fragments(self) -> int:
+        """The fragments averaged on their own schedules (1: none)."""
+        return self._fragments
 
     @property
     def measure_drift(self) -> bool:
@@ -471,22 +498,28 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._decided = self.add_variable((), dtype="int64", name="decided_interval")
         self._decision_t_comp = self.add_variable((), dtype="float64", name="t_comp")
         self._decision_t_comm = self.add_variable((), dtype="float64", name="t_comm")
-        self._bind_steering()
         self._corrections = [None] * len(var_list)
         if self._correction:
             self._corrections = self.add_optimizer_variables(var_list, "correction")
-        self._bind_step(corrected=bool(self._correction) and n > 1)
-        if isinstance(self._schedule, _overlap.Delayed):
-            flight = _flight.Flight(
-                strategy=strategy,
-                steps=self._overlap_steps,
-                schedule=self._schedule,
-                averager=self._averager,
-                codec=codec,
-                interval=self._interval_variable,
+        if self._fragments > 1:
+            self._schedule = _streaming.build(
+                self.add_variable,
+                self._fragments,
+                var_list,
+                inner=self.inner_optimizer,
                 local_steps=self._local_steps,
-                held=lambda: self._steering.held,
+                interval=self._interval_variable,
+                index_of=index_of,
+                gamma=self._gamma,
+                slots_apart=self._slots.apart,
+                slots=self._slots.slots(),
             )
+        self._bind_steering()
+        self._bind_step(corrected=bool(self._correction) and n > 1)
+        flight = _flight.build(
+            strategy, self._schedule, self._averager, self._overlap_steps, self
+        )
+        if flight is not None:
             object.__setattr__(self, "_flight", flight)
             self._steering.before_vote = flight.land
         self._link_replica_state()
@@ -543,6 +576,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             votes=self._votes,
             carried=self._schedule.carried,
             full_at=self._schedule.full_at,
+            hold=self._schedule.hold,
+            steps_to_next_average=self._schedule.steps_to_next_average,
         )
 
     def _link_replica_state(self) -> None:
@@ -690,6 +725,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 return np.int64(self._steering.interval_outside_hold)
             if v is self._schedule.full_at:
                 return np.int64(-1)  # set only for one execution
+            if v is self._schedule.hold:
+                return np.int64(0)
             return v.numpy()
 
         _replica_state.save(store, self.variables, self._per_replica_state(), value_of)
@@ -714,25 +751,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
     # ------------------------------------------------------------------
 
     def get_config(self):
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(
-                self.inner_optimizer
-            ),
-            "interval": self.interval,
-            "correction": self._correction,
-            "optimizer_state": self._optimizer_state,
-            "warmup_steps": self._warmup_steps,
-            "measure_drift": self._measure_drift,
-            "compression": self._compression,
-            "group_size": self._group_size,
-            "overlap": self._overlap,
-            "outer_optimizer": (
-                None
-                if self.outer_optimizer is None
-                else keras.saving.serialize_keras_object(self.outer_optimizer)
-            ),
-        }
+        return _arguments.config_of(self)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

@@ -69,6 +69,7 @@ class Steering:
         self._strategy = strategy
         self._variables: dict | None = None
         self._outside: int | None = None
+        self._steps_to_next: Callable[[], int] | None = None
         #: Called before a vote is cast: lands a delayed average on its way,
         #: whose landing would otherwise count the vote as this worker's own.
         self.before_vote: Callable[[], object] = lambda: None
@@ -85,8 +86,12 @@ class Steering:
         votes: tuple[tf.Variable, ...] = (),
         carried: keras.Variable | None = None,
         full_at: keras.Variable | None = None,
+        hold: keras.Variable | None = None,
+        steps_to_next_average: Callable[[], int] | None = None,
     ) -> None:
-        """Called by the optimizer when it is built: the state steered."""
+        """Called by the optimizer when it is built: the state steered
+        (`hold`: with fragments, 1 while the interval is held;
+        `steps_to_next_average`: see the method of that name)."""
         self._variables = dict(
             interval=interval,
             local_steps=local_steps,
@@ -97,7 +102,9 @@ class Steering:
             votes=votes,
             carried=carried,
             full_at=full_at,
+            hold=hold,
         )
+        self._steps_to_next = steps_to_next_average
         self._outside = None
 
     def _state(self, name: str):
@@ -132,6 +139,14 @@ class Steering:
         the step an overlapped average ran alongside)."""
         return int(read(self._state("local_steps")))
 
+    def steps_to_next_average(self) -> int:
+        """Local steps until the next interval average falls due (with
+        fragments, the next fragment's), from the counters now."""
+        self._state("interval")
+        if self._steps_to_next is None:
+            return self.interval_now() - self.local_steps()
+        return self._steps_to_next()
+
     def interval_now(self) -> int:
         """The interval the train function sees now (held or not)."""
         return int(read(self._state("interval")))
@@ -162,6 +177,8 @@ class Steering:
         if self._outside is None:
             self._outside = self.interval_now()
         write(self._state("interval"), due)
+        if self._state("hold") is not None:
+            write(self._state("hold"), 1)
         if self._state("full_at") is not None:
             self.full_average_at(
                 int(read(self._state("iterations"))) + due - self.local_steps() - 1
@@ -173,6 +190,8 @@ class Steering:
         outside, self._outside = self._outside, None
         if outside is not None or interval is not None:
             write(self._state("interval"), outside if interval is None else interval)
+        if self._state("hold") is not None:
+            write(self._state("hold"), 0)
         self.full_average_at(-1)
 
     def full_average_at(self, step: int) -> None:

@@ -59,11 +59,30 @@ def delay_averages(optimizer, seconds: float) -> None:
     averager = optimizer._averager
     average = averager.average
 
-    def slow(distribution, include_slots=False):
+    def slow(distribution, include_slots=False, fragment=None):
         sleep = tf.numpy_function(
             lambda: time.sleep(seconds) or np.int64(0), [], tf.int64
         )
         with tf.control_dependencies([sleep]):
-            return average(distribution, include_slots)
+            return average(distribution, include_slots, fragment)
 
     averager.average = slow
+
+
+def fragments(optimizer) -> list:
+    """Per fragment of a streaming average: the flat indices of its
+    coordinates, with the trainable variables flattened and concatenated in
+    the optimizer's order (the reference's `fragments` as index arrays)."""
+    import numpy as np
+
+    sizes = [int(np.prod(v.shape)) for v in optimizer._trainable_variables]
+    starts = np.cumsum([0, *sizes])
+    return [
+        np.concatenate([np.arange(starts[i], starts[i + 1]) for i in members])
+        for members in optimizer._schedule.members
+    ]
+
+
+def fragment_local_steps(optimizer) -> tuple[int, ...]:
+    """Per fragment: the local steps since its last average."""
+    return tuple(int(s) for s in optimizer._schedule.local.numpy())

@@ -697,3 +697,35 @@ def test_set_initial_epoch_makes_fit_start_there():
         callbacks=[StartAtTwo(), epochs],
     )
     assert epochs.seen == [2, 3]
+
+
+def test_slots_by_variable_gives_every_builtin_optimizer_slot_to_its_variable():
+    """Streaming averages send (or reset) a fragment's slots only: each slot
+    of every optimizer the package wraps must go to the variable it was made
+    for (Keras names it after that variable), and only scalar state that
+    belongs to no variable (Nadam's momentum schedule, a user optimizer's
+    global accumulator) may be left to travel with the last fragment."""
+    from test_optimizers_exact import CASES
+
+    from keras_skip import _slots
+
+    names = ("kernel", "bias", "square")
+    shapes = ((3, 2), (2,), (4, 4))
+    for case, make in CASES.items():
+        variables = [
+            keras.Variable(np.zeros(shape, "float32"), name=name)
+            for name, shape in zip(names, shapes, strict=True)
+        ]
+        optimizer = make()
+        optimizer.build(variables)
+        slots = _slots.slot_variables(optimizer)
+        per_variable = _compat.slots_by_variable(optimizer, variables, slots)
+        given = [id(s) for owned in per_variable for s in owned]
+        assert len(given) == len(set(given)), case
+        for name, owned in zip(names, per_variable, strict=True):
+            for slot in owned:
+                assert f"/{name}" in slot.name, (case, name, slot.name)
+        left = [s for s in slots if id(s) not in given]
+        assert all(tuple(s.shape) == () for s in left), (case, left)
+        if type(optimizer).__name__ != "SGD" or optimizer.momentum:
+            assert given, case

@@ -225,6 +225,20 @@ def test_averaged_second_moments_on_two_workers_equal_two_mirrored_replicas(tmp_
 
 
 @pytest.mark.slow
+def test_streaming_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path):
+    """Each fragment's average (with Adam's second moments) is its own
+    collective in the step's graph; both workers take the same ones."""
+    config = dict(
+        interval=4,
+        fragments=3,
+        epochs=2,
+        adam=True,
+        optimizer_state="average_second_moments",
+    )
+    assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, "fragments", 1)
+
+
+@pytest.mark.slow
 def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
     # 256 samples / (2 x 8) = 16 steps per epoch; worker 1 overflows at step 5.
     config = dict(

@@ -70,6 +70,7 @@ from keras_skip._compat.state import (
     replaced_overrides,
     second_moments,
     set_initial_epoch,
+    slots_by_variable,
     untracked,
     untracked_method,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "second_moments",
     "set_initial_epoch",
     "skip_optimizer",
+    "slots_by_variable",
     "untested_versions",
     "untracked",
     "untracked_method",

@@ -122,6 +122,29 @@ def second_moments(optimizer) -> list:
     return found
 
 
+def slots_by_variable(optimizer, var_list, slots) -> list[list]:
+    """Per variable of `var_list` (the built `optimizer`'s trainable
+    variables, in its order): those of `slots` (its slot variables) that
+    belong to it. Keras' optimizers (3.15) keep each kind of slot in a list
+    attribute in the variables' order (Adam's ``_momentums``, Muon's
+    ``momentums``, None or a placeholder where a variable has none); a
+    slot in no such list (Nadam's ``_u_product``) belongs to no variable."""
+    known = {id(s) for s in slots}
+    per_variable: list[list] = [[] for _ in var_list]
+    for value in vars(optimizer).values():
+        if not isinstance(value, list | tuple) or len(value) != len(var_list):
+            continue
+        for k, s in enumerate(value):
+            s = _tf_variable(s)
+            if id(s) in known:
+                per_variable[k].append(s)
+    return per_variable
+
+
+def _tf_variable(v):
+    return v.value if isinstance(v, keras.Variable) else v
+
+
 def untracked():
     """A context in which attributes set on a Keras object are not tracked
     (``keras.src.utils.tracking.DotNotTrackScope``, keras 3.15): a shared

@@ -32,6 +32,7 @@ DEFAULTS = {
     "compression": None,
     "group_size": None,
     "overlap": False,
+    "fragments": 1,
     "local_devices": 1,  # logical CPU devices (replicas) of each worker
     "width": 16,  # units of the hidden layer
     "overflow_step": None,  # this worker's activations are inf at this step
@@ -208,6 +209,7 @@ def build_model(config, strategy):
                 compression=config["compression"],
                 group_size=config["group_size"],
                 overlap=config["overlap"],
+                fragments=config["fragments"],
                 optimizer_state=config["optimizer_state"],
             )
         else:

@@ -1,0 +1,221 @@
+"""Streaming averages (``fragments=F``): each fragment of the trainable
+variables averaged on its own schedule, so that an interval's averages each
+send about 1/F of the model (``maths.simulate`` with ``fragments``).
+
+Fragment ``j`` (a set of whole variables, `_fragments.partition`) falls due
+after ``(j + 1) * interval // F`` local steps counted from a full average,
+then every ``interval`` local steps (``maths.fragment_offsets``). Its average
+covers its variables, their slots and corrections, and scales its
+corrections by its own learning rates' sum; the model's averaged state rides
+with the last fragment (the cadence of ``F = 1``), any stop vote with every
+fragment. A full average (the epoch boundary's, before a synchronous step,
+`SkipCorrectionOptimizer.average`) covers every fragment at once and starts
+every fragment's schedule again from its offset.
+
+While the host holds the interval (`steering.Steering.hold`), no fragment
+falls due: the held interval's average is a full one, as with ``F = 1``.
+The host holds only executions in which no fragment falls due.
+
+The optimizer's scalar counters keep their meaning: ``local_steps`` is the
+most local steps any fragment's weights hold unaveraged (0 exactly when no
+fragment moved), ``gamma`` the last fragment's learning rates' sum.
+Cross-replica context.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_skip import _compat, _fragments, _overlap, _updates
+from keras_skip.steering import read, tf_variable
+
+
+class Streaming(_overlap.Sequential):
+    """Each fragment's average runs after the step it falls due after.
+
+    `members`: each fragment's variable indices (`_fragments.partition`);
+    `index_of`: a trainable variable's index; `slots_of`: per trainable
+    variable, its slot variables (the others travel with the last fragment);
+    `local`, `gammas`, `fresh`, `apart`, `hold`: the fragments' variables
+    (`build`); `gamma`, `slots_apart`: the optimizer's variables.
+    """
+
+    def __init__(
+        self,
+        local_steps,
+        interval,
+        *,
+        members: list[list[int]],
+        index_of,
+        slots_of: list[list],
+        gamma,
+        slots_apart,
+        local,
+        gammas,
+        fresh,
+        apart,
+        hold,
+    ):
+        super().__init__(local_steps, interval)
+        self.members = members
+        self._fragment_of = {i: j for j, m in enumerate(members) for i in m}
+        self._index_of = index_of
+        self._slot_fragment = {
+            id(tf_variable(s)): self._fragment_of[i]
+            for i, slots in enumerate(slots_of)
+            for s in slots
+        }
+        self._gamma = gamma
+        self._slots_apart = slots_apart
+        self.local = local
+        self.gammas = gammas
+        self.fresh = fresh
+        self.apart = apart
+        self.hold = hold
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+    def moved(self, fragment=None):
+        if fragment is None:
+            return super().moved()
+        return self.local.value[fragment] > 0
+
+    def steps_to_next_average(self) -> int:
+        interval = int(read(self._interval))
+        offsets = np.arange(1, self.count + 1) * interval // self.count
+        due = np.where(read(self.fresh) > 0, offsets, interval)
+        return int(np.min(due - read(self.local)))
+
+    def weights(self, stepped: list, fragment=None) -> list:
+        if fragment is None:
+            return stepped
+        return [v for v in stepped if self._fragment_of[self._index_of(v)] == fragment]
+
+    def slots(self, slots: list, fragment=None) -> list:
+        if fragment is None:
+            return slots
+        last = self.count - 1
+        return [s for s in slots if self._slot_fragment.get(id(s), last) == fragment]
+
+    def carries_state(self, fragment=None) -> bool:
+        return fragment is None or fragment == self.count - 1
+
+    def gamma(self, fragment, weights: list):
+        gammas = self.gammas.value
+        if fragment is not None:
+            return gammas[fragment]
+        return [gammas[self._fragment_of[self._index_of(v)]] for v in weights]
+
+    def count_step(self, distribution, lr) -> None:
+        self.local.value.assign_add(tf.ones([self.count], tf.int64))
+        distribution.extended.update(
+            self.gammas.value, _add_to_each, args=(lr,), group=False
+        )
+        # A local step sets the slots apart (or not) for every fragment.
+        self.apart.value.assign(tf.fill([self.count], self._slots_apart.value))
+
+    def after_synchronous_step(self) -> None:
+        self.fresh.value.assign(tf.ones([self.count], tf.int64))
+
+    def after_step(self, sent, local_steps, average, average_overlapped):
+        """Runs each due fragment's average, in fragment order; while held,
+        the held interval's full average instead."""
+        interval = self._interval.value
+
+        def fragments():
+            offsets = tf.range(1, self.count + 1, dtype=tf.int64) * interval
+            offsets //= self.count
+            due = self.local.value >= tf.where(self.fresh.value > 0, offsets, interval)
+            ran = tf.constant(False)
+            for j in range(self.count):
+                ran_j = tf.cond(
+                    due[j],
+                    lambda j=j: average(j),
+                    _overlap.nothing,
+                    name="average_due",
+                )
+                ran = tf.logical_or(ran, ran_j)
+            return ran
+
+        def held():
+            return tf.cond(
+                local_steps >= interval, average, _overlap.nothing, name="average_due"
+            )
+
+        return tf.cond(self.hold.value > 0, held, fragments, name="average_held")
+
+    def after_average(self, overlapped: bool, fragment=None) -> None:
+        count = self.count
+        if fragment is None:
+            self.local.value.assign(tf.zeros([count], tf.int64))
+            self.gammas.value.assign(tf.zeros([count], self.gammas.dtype))
+            self.fresh.value.assign(tf.ones([count], tf.int64))
+            self.apart.value.assign(tf.fill([count], self._slots_apart.value))
+            return
+        at = [[fragment]]
+        local = tf.tensor_scatter_nd_update(self.local.value, at, [0])
+        gammas = self.gammas.value
+        self.local.value.assign(local)
+        self.gammas.value.assign(
+            tf.tensor_scatter_nd_update(gammas, at, tf.zeros([1], gammas.dtype))
+        )
+        self.fresh.value.assign(tf.tensor_scatter_nd_update(self.fresh.value, at, [0]))
+        # The slot policy cleared the optimizer's flag if this average made
+        # the fragment's slots agree.
+        agree = tf.minimum(self.apart.value[fragment], self._slots_apart.value)
+        apart = tf.tensor_scatter_nd_update(self.apart.value, at, [agree])
+        self.apart.value.assign(apart)
+        self._slots_apart.value.assign(tf.reduce_max(apart))
+        self._local_steps.value.assign(tf.reduce_max(local))
+        self._gamma.value.assign(self.gammas.value[count - 1])
+
+
+def _add_to_each(gammas, lr):
+    return gammas.assign_add(tf.fill(tf.shape(gammas), tf.cast(lr, gammas.dtype)))
+
+
+def build(
+    add_variable,
+    fragments: int,
+    var_list: list,
+    *,
+    inner,
+    local_steps,
+    interval,
+    index_of,
+    gamma,
+    slots_apart,
+    slots: list,
+) -> Streaming:
+    """The schedule of `fragments` > 1 fragments of `var_list`, its variables
+    made with the optimizer's `add_variable` (`slots`: the inner
+    optimizer's slot variables; after every other variable of
+    the optimizer: a checkpoint's variables are positional)."""
+    sizes = [int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in var_list]
+    members = _fragments.partition(sizes, fragments)
+    counter = keras.initializers.Zeros()
+    ones = keras.initializers.Ones()
+    shape = (fragments,)
+    return Streaming(
+        local_steps,
+        interval,
+        members=members,
+        index_of=index_of,
+        slots_of=_compat.slots_by_variable(inner, var_list, slots),
+        gamma=gamma,
+        slots_apart=slots_apart,
+        local=add_variable(shape, counter, dtype="int64", name="fragment_local_steps"),
+        gammas=add_variable(
+            shape,
+            counter,
+            dtype=_updates.learning_rate_dtype(inner),
+            name="fragment_gamma",
+        ),
+        fresh=add_variable(shape, ones, dtype="int64", name="fragment_fresh"),
+        apart=add_variable(shape, counter, dtype="int64", name="fragment_slots_apart"),
+        hold=add_variable((), counter, dtype="int64", name="fragment_hold"),
+    )
