@@ -112,22 +112,14 @@ def check_overlap(overlap) -> int:
     return overlap
 
 
-def check_fragments(fragments, interval: int, overlap, compression, outer) -> int:
+def check_fragments(fragments, interval: int, overlap) -> int:
     """`fragments` as an integer >= 1, refused where it does not combine."""
     fragments = _checks.integer("fragments", fragments, minimum=1)
-    if fragments > 1:
-        others = {
-            "overlap": overlap if overlap else None,
-            "compression": compression,
-            "outer_optimizer": outer,
-        }
-        for name, value in others.items():
-            if value is not None:
-                raise ValueError(
-                    f"`fragments` > 1 does not combine with `{name}` yet: "
-                    f"use one of them. Received: fragments={fragments}, "
-                    f"{name}={value!r}"
-                )
+    if fragments > 1 and overlap:
+        raise ValueError(
+            "`fragments` > 1 does not combine with `overlap` yet: use one of "
+            f"them. Received: fragments={fragments}, overlap={overlap!r}"
+        )
     check_interval_covers(interval, fragments)
     return fragments
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from keras_skip import _updates
+from keras_skip import _overlap, _updates
 from keras_skip.steering import tf_variable
 
 
@@ -85,20 +85,21 @@ class Averager:
         """Averages the replicas now (only `fragment`'s variables, if given);
         returns True."""
         schedule = self._schedule
-        moved = schedule.moved(fragment)
+        stepped = self._stepped()
+        cover = schedule.cover(stepped, include_slots, fragment)
         if distribution.num_replicas_in_sync > 1:
             weights, slots, payload = self.payload(include_slots, fragment)
             rest = payload[len(weights) :]
-            per_replica = self._codec.send(distribution, weights, rest, moved)
-            means = self._codec.reduce(distribution, weights, rest, per_replica)
-            gamma = schedule.gamma(
-                fragment, schedule.weights(self._stepped(), fragment)
+            per_replica = self._codec.send(
+                distribution, weights, rest, cover.moved, keep=cover.keep
             )
+            means = self._codec.reduce(distribution, weights, rest, per_replica)
+            gamma = schedule.gamma(fragment, schedule.weights(stepped, fragment))
             self._assign_means(
-                distribution, payload, weights, means, moved, gamma=gamma
+                distribution, payload, weights, means, cover, gamma=gamma
             )
             self._slots.after_average(slots, include_slots, overlapped=False)
-        self._outer.after_average(distribution, moved, self._stepped())
+        schedule.outer_step(self._outer, distribution, cover.moved, stepped, fragment)
         if fragment is None:
             self._gamma.value.assign(0.0)
             self._local_steps.value.assign(0)
@@ -139,7 +140,13 @@ class Averager:
         )
         own = sent.snapshot[: len(weights)]
         self._assign_means(
-            distribution, payload, weights, sent.means, sent.moved, own, sent.gamma
+            distribution,
+            payload,
+            weights,
+            sent.means,
+            _overlap.Cover(sent.moved),
+            own,
+            sent.gamma,
         )
         self._slots.after_average(slots, include_slots=False, overlapped=True)
         self._outer.after_average(distribution, sent.moved, self._stepped())
@@ -163,7 +170,7 @@ class Averager:
         )
 
     def _assign_means(
-        self, distribution, payload, weights, means, moved, own=None, gamma=None
+        self, distribution, payload, weights, means, cover, own=None, gamma=None
     ) -> None:
         """Every replica's payload to the means, the weights through the codec
         (corrections by ``correction / gamma * (average - x_i)``); the drift
@@ -178,11 +185,14 @@ class Averager:
             scale = self._scale(gamma)
         rest = payload[len(weights) :]
         self._bytes.value.assign_add(codec.bytes(weights, rest))
+        moved = cover.moved
         self._drift.record(
-            distribution, codec, weights, means[: len(weights)], moved, own
+            distribution, codec, weights, means[: len(weights)], cover, own
         )
         corrections = [tf_variable(c) for c in self.own_corrections(weights)]
-        codec.assign(distribution, weights, means, corrections, scale, moved, own)
+        codec.assign(
+            distribution, weights, means, corrections, scale, moved, own, cover.keep
+        )
         for v, mean in zip(rest, means[len(weights) :], strict=True):
             distribution.extended.update(v, _updates.assign, args=(mean,), group=False)
 

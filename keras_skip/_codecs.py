@@ -32,9 +32,11 @@ class Dense:
         variables' own (none here)."""
         return []
 
-    def send(self, distribution, weights, rest, moved, values=None) -> list:
+    def send(self, distribution, weights, rest, moved, values=None, keep=None) -> list:
         """Per replica, what the average sends: copies of the variables, or
-        `values` (a snapshot taken before a step) as they are."""
+        `values` (a snapshot taken before a step) as they are. `moved`: see
+        `_overlap.Cover`, as `keep`, the weights the average leaves as they
+        are (identical on every replica, so their means are their values)."""
         if values is not None:
             return values
         return distribution.extended.call_for_each_replica(
@@ -58,11 +60,20 @@ class Dense:
         return mean
 
     def assign(
-        self, distribution, weights, means, corrections, scale, moved, values=None
+        self,
+        distribution,
+        weights,
+        means,
+        corrections,
+        scale,
+        moved,
+        values=None,
+        keep=None,
     ) -> None:
         """On each replica: the weights to the average, the corrections by
         ``scale * (average - x_i)``; `values`: the weights that were sent (a
-        snapshot), if not the variables'."""
+        snapshot), if not the variables'; `keep`: see `send` (the means of
+        weights identical on every replica are their values already)."""
         for i, v in enumerate(weights):
             distribution.extended.update(
                 v,
@@ -70,7 +81,7 @@ class Dense:
                 args=(
                     means[i],
                     corrections[i],
-                    _updates.scale_of(scale, i),
+                    _updates.each(scale, i),
                     None if values is None else values[i],
                 ),
                 group=False,
@@ -99,7 +110,7 @@ class Compressed(Dense):
     def wire_types(self, weights) -> list:
         return [self.wire] * len(weights)
 
-    def send(self, distribution, weights, rest, moved, values=None) -> list:
+    def send(self, distribution, weights, rest, moved, values=None, keep=None) -> list:
         starts = [self._start_of(v) for v in weights]
         errors = [self._error_of(v) for v in weights]
 
@@ -109,8 +120,13 @@ class Compressed(Dense):
                 zip(weights, starts, errors, strict=True)
             ):
                 x = v.read_value() if values is None else values[i]
-                base = tf.where(moved, start.read_value(), x)
-                sent.append(tf.cast(x - base + error.read_value(), self.wire))
+                base = tf.where(_updates.each(moved, i), start.read_value(), x)
+                update = tf.cast(x - base + error.read_value(), self.wire)
+                if keep is not None:
+                    # Sends nothing of it: the mean 0 keeps its weights
+                    # and its error as they are.
+                    update = tf.where(keep[i], tf.zeros_like(update), update)
+                sent.append(update)
             if values is None:
                 return sent + [tf.identity(v) for v in rest]
             return sent + list(values[len(weights) :])
@@ -133,7 +149,15 @@ class Compressed(Dense):
         return base + tf.cast(mean, x.dtype)
 
     def assign(
-        self, distribution, weights, means, corrections, scale, moved, values=None
+        self,
+        distribution,
+        weights,
+        means,
+        corrections,
+        scale,
+        moved,
+        values=None,
+        keep=None,
     ) -> None:
         for i, v in enumerate(weights):
             distribution.extended.update(
@@ -144,10 +168,11 @@ class Compressed(Dense):
                     self._start_of(v),
                     self._error_of(v),
                     corrections[i],
-                    _updates.scale_of(scale, i),
-                    moved,
+                    _updates.each(scale, i),
+                    _updates.each(moved, i),
                     self.wire,
                     None if values is None else values[i],
+                    None if keep is None else keep[i],
                 ),
                 group=False,
             )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_skip import _updates
+
 
 class NoDrift:
     """Averages measure no drift."""
@@ -18,7 +20,7 @@ class NoDrift:
         """``(sum over averages, last)`` of the drifts measured (eagerly)."""
         return 0.0, 0.0
 
-    def record(self, distribution, codec, weights, means, moved, values=None):
+    def record(self, distribution, codec, weights, means, cover, values=None):
         pass
 
 
@@ -32,28 +34,46 @@ class Drift(NoDrift):
         total, last = self.variable.numpy().tolist()
         return total, last
 
-    def record(self, distribution, codec, weights, means, moved, values=None):
-        """`means`: the weights' part of the average's means; `values`: the
-        weights the average sent (a snapshot), if not the variables'."""
-        if not weights:
-            return  # a fragment none of whose variables the steps update
+    def record(self, distribution, codec, weights, means, cover, values=None):
+        """`means`: the weights' part of the average's means; `cover`: the
+        average's `_overlap.Cover` (with fragments, one drift per fragment it
+        covers, in fragment order, as ``maths.simulate`` records them);
+        `values`: the weights the average sent (a snapshot), if not the
+        variables'."""
+        groups = cover.groups or [list(range(len(weights)))]
+        zero = tf.constant(0.0, tf.float64)
 
-        def own_drift(means, values):
-            squares = []
-            for i, (v, m) in enumerate(zip(weights, means, strict=True)):
-                x = v.read_value() if values is None else values[i]
-                m = codec.averaged(v, x, m, moved)
-                squares.append(tf.reduce_sum(tf.square(tf.cast(x - m, tf.float64))))
-            return tf.sqrt(tf.add_n(squares))
+        def own_drifts(means, values):
+            drifts = []
+            for group in groups:
+                squares = [zero]
+                for i in group:
+                    v = weights[i]
+                    x = v.read_value() if values is None else values[i]
+                    m = codec.averaged(v, x, means[i], _updates.each(cover.moved, i))
+                    squares.append(tf.reduce_sum(tf.square(tf.cast(x - m, tf.float64))))
+                drifts.append(tf.sqrt(tf.add_n(squares)))
+            return tf.stack(drifts)
 
         extended = distribution.extended
-        drift = extended.call_for_each_replica(own_drift, args=(means, values))
-        (drift,) = extended.batch_reduce_to(
-            tf.distribute.ReduceOp.MEAN, [(drift, drift)]
+        drifts = extended.call_for_each_replica(own_drifts, args=(means, values))
+        (drifts,) = extended.batch_reduce_to(
+            tf.distribute.ReduceOp.MEAN, [(drifts, drifts)]
         )
-        drift = distribution.experimental_local_results(drift)[0]
-        total = self.variable.value.read_value()[0]
-        self.variable.value.assign(tf.stack([total + drift, drift]))
+        drifts = distribution.experimental_local_results(drifts)[0]
+        selected = cover.selected
+        if selected is None:
+            selected = tf.ones([len(groups)], tf.bool)
+        total, last = tf.unstack(self.variable.value.read_value())
+        total += tf.reduce_sum(tf.where(selected, drifts, zero))
+        # The last fragment covered (the drift maths records last).
+        chosen = tf.where(selected, tf.range(len(groups)), -1)
+        last = tf.cond(
+            tf.reduce_any(selected),
+            lambda: drifts[tf.reduce_max(chosen)],
+            lambda: last,
+        )
+        self.variable.value.assign(tf.stack([total, last]))
 
 
 def build(add_variable, measure_drift: bool) -> NoDrift:

@@ -57,7 +57,7 @@ class PeriodStart(NoPeriodStart):
 class NoOuterStep:
     """The average is the new weights."""
 
-    def after_average(self, distribution, moved, variables) -> None:
+    def after_average(self, distribution, moved, variables, steps=None) -> None:
         pass
 
 
@@ -73,11 +73,18 @@ class OuterStep(NoOuterStep):
         self._outer = outer
         self._period = period
 
-    def after_average(self, distribution, moved, variables) -> None:
+    def after_average(self, distribution, moved, variables, steps=None) -> None:
+        """`steps`: None, or ``(counts, j)``: the outer step takes its step
+        count from ``counts[j]`` (a fragment's) and writes it back there."""
         outer = self._outer
         extended = distribution.extended
+        if not variables:
+            return
 
         def step():
+            if steps is not None:
+                counts, j = steps
+                outer.iterations.value.assign(counts.value[j])
             starts = [self._period.of(v) for v in variables]
             pseudo_gradients = [
                 s.read_value() - tf_variable(v).read_value()
@@ -92,6 +99,12 @@ class OuterStep(NoOuterStep):
                 outer, distribution, grads, variables, outer.learning_rate
             )
             outer.iterations.value.assign_add(1)
+            if steps is not None:
+                counts.value.assign(
+                    tf.tensor_scatter_nd_update(
+                        counts.value, [[j]], [outer.iterations.value]
+                    )
+                )
             return tf.constant(True)
 
         tf.cond(moved, step, lambda: tf.constant(False))

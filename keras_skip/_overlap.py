@@ -25,6 +25,21 @@ from keras_skip import _updates
 from keras_skip.steering import read
 
 
+class Cover(NamedTuple):
+    """What one average covers, for the codec, the drift and the outer step.
+
+    `moved`: whether the weights moved (a boolean tensor), or a list of one
+    per weight; `keep`: None, or per weight whether the average leaves it
+    as it is (sends nothing of it); `groups`, `selected`: None, or the
+    weights' indices of each fragment and whether the average covers it (a
+    boolean tensor per fragment), for a drift per fragment."""
+
+    moved: object
+    keep: list | None = None
+    groups: list | None = None
+    selected: object = None
+
+
 class Sent(NamedTuple):
     """An overlapped average's state, taken before the local step."""
 
@@ -75,6 +90,21 @@ class Sequential:
     def weights(self, stepped: list, fragment=None) -> list:
         """The variables of `stepped` an average of `fragment` covers."""
         return stepped
+
+    def cover(self, weights: list, include_slots: bool, fragment=None) -> Cover:
+        """What an average of `fragment` (None: a full one) of `weights`
+        covers, before it changes anything."""
+        return Cover(self.moved())
+
+    def record_starts(self, period, distribution, variables) -> None:
+        """Records the period's start of `variables` where a period begins
+        with the coming local step."""
+        period.record_if_first(distribution, variables, self.first_of_period())
+
+    def outer_step(self, outer, distribution, moved, stepped: list, fragment=None):
+        """The outer step after an average of `fragment` (`moved`: its
+        cover's; `stepped`: the variables the steps update)."""
+        outer.after_average(distribution, moved, stepped)
 
     def slots(self, slots: list, fragment=None) -> list:
         """The slot variables of `slots` an average of `fragment` covers."""

@@ -203,9 +203,7 @@ class Step:
         correction; then the average, if one is due. Returns whether one ran."""
         averager = self._averager
         tf_variables = [tf_variable(v) for v in variables]
-        self._period.record_if_first(
-            distribution, tf_variables, self._schedule.first_of_period()
-        )
+        self._schedule.record_starts(self._period, distribution, tf_variables)
         sent = self._schedule.before_step(distribution)
         grads = self._local_gradients(distribution, grads)
         _compat.optimizer_step(self._inner, distribution, grads, variables, lr)

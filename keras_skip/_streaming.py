@@ -38,7 +38,8 @@ class Streaming(_overlap.Sequential):
     `members`: each fragment's variable indices (`_fragments.partition`);
     `index_of`: a trainable variable's index; `slots_of`: per trainable
     variable, its slot variables (the others travel with the last fragment);
-    `local`, `gammas`, `fresh`, `apart`, `hold`: the fragments' variables
+    `local`, `gammas`, `fresh`, `apart`, `hold`, `outer_steps`: the
+    fragments' variables
     (`build`); `gamma`, `slots_apart`: the optimizer's variables.
     """
 
@@ -57,6 +58,7 @@ class Streaming(_overlap.Sequential):
         fresh,
         apart,
         hold,
+        outer_steps,
     ):
         super().__init__(local_steps, interval)
         self.members = members
@@ -74,6 +76,7 @@ class Streaming(_overlap.Sequential):
         self.fresh = fresh
         self.apart = apart
         self.hold = hold
+        self.outer_steps = outer_steps
 
     @property
     def count(self) -> int:
@@ -94,6 +97,45 @@ class Streaming(_overlap.Sequential):
         if fragment is None:
             return stepped
         return [v for v in stepped if self._fragment_of[self._index_of(v)] == fragment]
+
+    def _fragments_of(self, weights) -> list[int]:
+        return [self._fragment_of[self._index_of(v)] for v in weights]
+
+    def cover(self, weights: list, include_slots: bool, fragment=None):
+        if fragment is not None:
+            return _overlap.Cover(self.moved(fragment))
+        # A full average covers the fragments that moved or, with the slots,
+        # whose slots are apart; the others it leaves as they are.
+        moved = self.local.value > 0
+        selected = moved
+        if include_slots:
+            selected = tf.logical_or(moved, self.apart.value > 0)
+        owner = self._fragments_of(weights)
+        return _overlap.Cover(
+            moved=[moved[j] for j in owner],
+            keep=[tf.logical_not(selected[j]) for j in owner],
+            groups=[
+                [i for i, j in enumerate(owner) if j == fragment]
+                for fragment in range(self.count)
+            ],
+            selected=selected,
+        )
+
+    def record_starts(self, period, distribution, variables) -> None:
+        owner = self._fragments_of(variables)
+        for j in range(self.count):
+            part = [v for v, f in zip(variables, owner, strict=True) if f == j]
+            if part:
+                period.record_if_first(distribution, part, self.local.value[j] == 0)
+
+    def outer_step(self, outer, distribution, moved, stepped: list, fragment=None):
+        for j in range(self.count) if fragment is None else [fragment]:
+            outer.after_average(
+                distribution,
+                self.local.value[j] > 0,
+                self.weights(stepped, j),
+                steps=(self.outer_steps, j),
+            )
 
     def slots(self, slots: list, fragment=None) -> list:
         if fragment is None:
@@ -218,4 +260,7 @@ def build(
         fresh=add_variable(shape, ones, dtype="int64", name="fragment_fresh"),
         apart=add_variable(shape, counter, dtype="int64", name="fragment_slots_apart"),
         hold=add_variable((), counter, dtype="int64", name="fragment_hold"),
+        outer_steps=add_variable(
+            shape, counter, dtype="int64", name="fragment_outer_steps"
+        ),
     )

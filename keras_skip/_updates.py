@@ -139,10 +139,10 @@ def assign_learning_rate(gamma, lr):
     return gamma.assign(tf.cast(lr, gamma.dtype))
 
 
-def scale_of(scale, i: int):
-    """The correction scale of the `i`-th weight: `scale` itself, or its
-    `i`-th element if it is a list (one per weight)."""
-    return scale[i] if isinstance(scale, list) else scale
+def each(value, i: int):
+    """The `i`-th weight's `value`: `value` itself, or its `i`-th element if
+    it is a list (one per weight)."""
+    return value[i] if isinstance(value, list) else value
 
 
 def assign_with_correction(variable, mean, correction, scale, value=None):
@@ -155,12 +155,14 @@ def assign_with_correction(variable, mean, correction, scale, value=None):
 
 
 def assign_compressed(
-    variable, mean, start, error, correction, scale, moved, wire, value=None
+    variable, mean, start, error, correction, scale, moved, wire, value=None, keep=None
 ):
     x = variable.read_value() if value is None else value
     base = tf.where(moved, start.read_value(), x)
     update = x - base + error
     sent = tf.cast(tf.cast(update, wire), variable.dtype)
+    if keep is not None:  # sent nothing (`_codecs.Compressed.send`)
+        sent = tf.where(keep, tf.zeros_like(sent), sent)
     error.assign(update - sent)
     average = base + tf.cast(mean, variable.dtype)
     if correction is not None:

@@ -163,12 +163,13 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             `1 / fragments` of the model and the interval's averages are
             spread over it (Streaming DiLoCo). Each fragment keeps its own
             learning rates' sum for its corrections; the model's averaged
-            state (BatchNorm) travels with the last fragment. Averages at
-            epoch boundaries, before a synchronous step and from `average()`
-            cover every fragment. `interval` must be 1 or at least
-            `fragments`; it does not combine with `overlap`, `compression`
-            or `outer_optimizer` yet; at most the number of trainable
-            variables (checked when built).
+            state (BatchNorm) travels with the last fragment. With
+            `compression` and `outer_optimizer`, each fragment sends its own
+            update and takes its own outer step. Averages at epoch
+            boundaries, before a synchronous step and from `average()`
+            cover every fragment that moved. `interval` must be 1 or at
+            least `fragments`; at most the number of trainable variables
+            (checked when built); it does not combine with `overlap` yet.
         name: Optional name of the optimizer.
 
     Example:
@@ -224,9 +225,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         group_size = _arguments.check_group_size(group_size)
         measure_drift = _checks.boolean("measure_drift", measure_drift)
         overlap_steps = _arguments.check_overlap(overlap)
-        fragments = _arguments.check_fragments(
-            fragments, interval, overlap, compression, outer_optimizer
-        )
+        fragments = _arguments.check_fragments(fragments, interval, overlap)
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(_compat.creation_strategy(self))
         _compat.install_model_hook()

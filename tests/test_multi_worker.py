@@ -226,14 +226,16 @@ def test_averaged_second_moments_on_two_workers_equal_two_mirrored_replicas(tmp_
 
 @pytest.mark.slow
 def test_streaming_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path):
-    """Each fragment's average (with Adam's second moments) is its own
-    collective in the step's graph; both workers take the same ones."""
+    """Each fragment's average (its bfloat16 update, with Adam's second
+    moments) is its own collective in the step's graph; both workers take
+    the same ones."""
     config = dict(
         interval=4,
         fragments=3,
         epochs=2,
         adam=True,
         optimizer_state="average_second_moments",
+        compression="bfloat16",
     )
     assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, "fragments", 1)
 

@@ -123,9 +123,11 @@ class Trace(keras.callbacks.Callback):
             )
 
 
-def compile_model(strategy, make_inner, steps_per_execution=1, **skip):
+def compile_model(strategy, make_inner, steps_per_execution=1, make_outer=None, **skip):
     with strategy.scope():
         model = split_linear_model()
+        if make_outer is not None:
+            skip["outer_optimizer"] = make_outer()
         optimizer = keras_skip.SkipCorrectionOptimizer(make_inner(), **skip)
         model.compile(
             optimizer=optimizer, loss="mse", steps_per_execution=steps_per_execution
@@ -147,11 +149,13 @@ def fit(model, epochs=EPOCHS, initial_epoch=0, callbacks=()):
     )
 
 
-def train_keras(make_inner, *, steps_per_execution=1, callbacks=(), **skip):
+def train_keras(
+    make_inner, *, steps_per_execution=1, callbacks=(), make_outer=None, **skip
+):
     """Trains `EPOCHS` epochs on 4 replicas; returns the model, its
     optimizer and a `Trace` of the run."""
     model, optimizer = compile_model(
-        mirrored(REPLICAS), make_inner, steps_per_execution, **skip
+        mirrored(REPLICAS), make_inner, steps_per_execution, make_outer, **skip
     )
     trace = Trace()
     fit(model, callbacks=[*callbacks, trace])
@@ -342,6 +346,76 @@ def test_fragment_slot_policies_match_reference(policy, inner):
     assert_matches_reference(model, optimizer, trace, run, tolerance)
 
 
+#: Outer optimizers: the Keras one and the reference's with its learning rate.
+OUTERS = {
+    "nesterov": (
+        lambda: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+        lambda: maths.sgd(0.9, nesterov=True),
+        0.7,
+    ),
+    "adam": (lambda: keras.optimizers.Adam(0.1), maths.adam, 0.1),
+}
+
+
+@pytest.mark.parametrize(
+    ("count", "interval", "compression", "outer", "policy"),
+    [
+        (2, 4, "bfloat16", "nesterov", "local"),
+        (3, 6, "float16", None, "average"),
+        (2, 6, None, "adam", "local"),
+        (3, 4, "bfloat16", "adam", "reset"),
+    ],
+)
+def test_fragments_with_compression_outer_and_drift_match_reference(
+    count, interval, compression, outer, policy
+):
+    """Each fragment's average sends its own update since its period began
+    with its own error feedback, and takes its own outer step (outer Adam
+    counts each fragment's steps for its bias correction); a full average
+    sends nothing of a fragment that did not move, whose weights and
+    error it leaves as they are. The drift is recorded per fragment, as
+    the reference records it."""
+    make_keras, make_reference = INNERS["momentum"]
+    skip = dict(
+        interval=interval,
+        correction=1.0,
+        compression=compression,
+        optimizer_state=policy,
+        fragments=count,
+    )
+    make_outer, reference_outer = None, {}
+    if outer is not None:
+        make_outer, make_reference_outer, outer_rate = OUTERS[outer]
+        reference_outer = dict(
+            outer=make_reference_outer(), outer_learning_rate=outer_rate
+        )
+    model, optimizer, trace = train_keras(
+        make_keras, make_outer=make_outer, measure_drift=True, **skip
+    )
+    parts = internals.fragments(optimizer)
+    skip["fragments"] = parts
+
+    def run(steps):
+        return reference(make_reference(), steps=steps, **skip, **reference_outer)
+
+    expected = assert_matches_reference(model, optimizer, trace, run, 1e-4)
+    # Every replica holds the same weights after the last boundary.
+    weights = weights_of(model)
+    assert np.abs(weights - weights[0]).max() == 0.0
+    total, last = optimizer.drift
+    assert total == pytest.approx(sum(expected.drifts), rel=1e-4)
+    assert last == pytest.approx(expected.drifts[-1], rel=1e-4)
+    # The option changes the run: the comparison above sees it.
+    plain = reference(
+        make_reference(),
+        interval=interval,
+        correction=1.0,
+        optimizer_state=policy,
+        fragments=parts,
+    )
+    assert np.abs(plain.x - expected.x).max() > 1e-4
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, 2, 3])
 def test_fragments_with_warmup_and_steps_per_execution_match_reference(
     steps_per_execution,
@@ -446,16 +520,13 @@ def test_an_interval_below_fragments_is_refused():
 UNCOMBINED = {
     "overlap": lambda: {"overlap": True},
     "delayed": lambda: {"overlap": 2},
-    "compression": lambda: {"compression": "bfloat16"},
-    "outer": lambda: {"outer_optimizer": keras.optimizers.SGD(0.7, momentum=0.9)},
 }
 
 
 @pytest.mark.parametrize("option", sorted(UNCOMBINED))
 def test_options_fragments_do_not_combine_with_are_refused(option):
-    """Overlapped or delayed averages, compression and an outer optimizer
-    are refused with two fragments, in a message naming `fragments`, and
-    accepted with one."""
+    """Overlapped and delayed averages are refused with two fragments, in a
+    message naming `fragments`, and accepted with one."""
     with pytest.raises(ValueError, match="fragments"):
         keras_skip.SkipCorrectionOptimizer(
             keras.optimizers.SGD(LR), interval=8, fragments=2, **UNCOMBINED[option]()
