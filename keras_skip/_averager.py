@@ -118,20 +118,21 @@ class Averager:
         self._schedule.after_average(overlapped=True)
         return self._count()
 
-    def average_delayed(self, distribution, sent):
+    def average_delayed(self, distribution, sent, fragment=None):
         """The average of the snapshots `sent` carries, sent while the steps
         after it computed (``maths.overlapped_average``): as an overlapped
         average, but the period that began at the snapshot goes on (its
         local steps and learning rates stay counted). Returns True."""
-        self._land(distribution, sent)
+        self._land(distribution, sent, fragment)
         self._averages.value.assign_add(1)
         return tf.constant(True)
 
-    def _land(self, distribution, sent):
+    def _land(self, distribution, sent, fragment=None):
         """Each replica to the means of `sent` plus its own displacement
-        since the snapshot; the corrections updated on the snapshot."""
+        since the snapshot; the corrections updated on the snapshot (only
+        `fragment`'s, if given)."""
         extended = distribution.extended
-        weights, slots, payload = self.payload(include_slots=False)
+        weights, slots, payload = self.payload(False, fragment)
         displacements = extended.call_for_each_replica(
             lambda snapshot: [
                 tf.identity(v) - s for v, s in zip(payload, snapshot, strict=True)
@@ -149,7 +150,9 @@ class Averager:
             sent.gamma,
         )
         self._slots.after_average(slots, include_slots=False, overlapped=True)
-        self._outer.after_average(distribution, sent.moved, self._stepped())
+        self._schedule.outer_step(
+            self._outer, distribution, sent.moved, self._stepped(), fragment
+        )
         # The next period starts from the (outer) average.
         self._period.record(distribution, weights)
         for v, d in zip(payload, displacements, strict=True):

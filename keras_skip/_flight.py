@@ -61,8 +61,11 @@ class Flight:
         self._flying = False  # a copy's all-reduce started, its mean not landed
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._reduce = None
-        self._land = None
+        # The traced all-reduce and landing, per fragment in flight (None:
+        # the whole payload), each traced at its first use.
+        self._reduce: dict = {}
+        self._land: dict = {}
+        self._fragment: int | None = None
         self._warned = False
         #: Whether the train function's steps exchange nothing, so that an
         #: all-reduce may run beside them: False under several workers that
@@ -101,12 +104,10 @@ class Flight:
     def before_execution(self, steps_per_execution: int) -> None:
         """Lands the mean if the coming execution needs it, then arms the
         graph for the next copy if none is on its way."""
-        if self._flying:
-            local_steps = int(read(self._local_steps))
-            if local_steps >= self._steps or local_steps + steps_per_execution >= read(
-                self._interval
-            ):
-                self.land()
+        if self._flying and self._schedule.must_land(
+            steps_per_execution, self._steps, self._held()
+        ):
+            self.land()
         if not self._flying and not self._armed:
             self._arm(steps_per_execution)
 
@@ -134,9 +135,12 @@ class Flight:
             write(self._schedule.pending, 0)
             raise _failure(error) from error
         with self._strategy.scope(), tracing.span("land", "average"):
-            if self._land is None:
-                self._land = tf.function(self._land_body, autograph=False)
-            self._land()
+            fragment = self._fragment
+            if fragment not in self._land:
+                self._land[fragment] = tf.function(
+                    lambda: self._land_body(fragment), autograph=False
+                )
+            self._land[fragment]()
         return True
 
     def disarm(self) -> None:
@@ -160,7 +164,9 @@ class Flight:
         interval = int(read(self._interval))
         if interval > steps_per_execution:
             self._create_buffers()
-            write(self._schedule.armed, 1)
+            # The graph copies an average only if none of the next
+            # `steps_per_execution` steps could need it landed.
+            write(self._schedule.armed, steps_per_execution)
             self._armed = True
         elif interval > 1 and not self._held():
             # Held, the variable counts the steps to the boundary average
@@ -192,13 +198,17 @@ class Flight:
             )
 
     def _start(self) -> None:
+        self._fragment = fragment = self._schedule.flying_fragment()
         with self._strategy.scope():
-            if self._reduce is None:
-                # Traced here, at the same point on every worker: the
-                # collective's keys then agree.
-                self._reduce = tf.function(self._reduce_body, autograph=False)
-                self._reduce.get_concrete_function()
-        reduce = self._reduce
+            if fragment not in self._reduce:
+                # Traced here, at the same point on every worker (they copy
+                # the same fragments in the same order): the collective's
+                # keys then agree.
+                self._reduce[fragment] = tf.function(
+                    lambda: self._reduce_body(fragment), autograph=False
+                )
+                self._reduce[fragment].get_concrete_function()
+        reduce = self._reduce[fragment]
         strategy = self._strategy
         track = tracing.ALL_REDUCE if self.threaded else tracing.STEPS
         tracing.instant("copy", "average")
@@ -222,10 +232,10 @@ class Flight:
         )
         self._thread.start()
 
-    def _reduce_body(self):
+    def _reduce_body(self, fragment):
         distribution = tf.distribute.get_strategy()
         extended = distribution.extended
-        weights, _, payload = self._averager.payload(include_slots=False)
+        weights, _, payload = self._averager.payload(False, fragment)
         buffers = self._schedule.buffers
         values = buffers.read(distribution, buffers.snapshot_of(payload))
         rest = payload[len(weights) :]
@@ -238,9 +248,9 @@ class Flight:
         for buffer, mean in zip(buffers.means_of(payload), means, strict=True):
             extended.update(buffer, _updates.assign, args=(mean,), group=False)
 
-    def _land_body(self):
+    def _land_body(self, fragment):
         distribution = tf.distribute.get_strategy()
-        _, _, payload = self._averager.payload(include_slots=False)
+        _, _, payload = self._averager.payload(False, fragment)
         buffers = self._schedule.buffers
         snapshot = buffers.read(distribution, buffers.snapshot_of(payload))
         means = buffers.read(distribution, buffers.means_of(payload))
@@ -252,14 +262,14 @@ class Flight:
             snapshot=snapshot,
             means=means,
         )
-        self._averager.average_delayed(distribution, sent)
+        self._averager.average_delayed(distribution, sent, fragment)
         self._schedule.pending.assign(0)
 
 
 def build(strategy, schedule, averager, steps: int, optimizer) -> Flight | None:
     """The host side of `schedule` if it is `_overlap.Delayed` (`steps`: the
     optimizer's ``overlap``), else None; `optimizer`: the one built."""
-    if not isinstance(schedule, _overlap.Delayed):
+    if not schedule.delays:
         return None
     return Flight(
         strategy=strategy,

@@ -65,6 +65,8 @@ class Sequential:
     #: With fragments: the variable that holds the fragments' averages while
     #: the interval is held (`_streaming.Streaming`); None here.
     hold = None
+    #: Whether due averages may be copied and sent later (`_flight.Flight`).
+    delays = False
 
     def __init__(self, local_steps, interval, carried=None, full_at=None):
         self._local_steps = local_steps
@@ -86,6 +88,11 @@ class Sequential:
     def steps_to_next_average(self) -> int:
         """Local steps until the next interval average is due (eagerly)."""
         return int(read(self._interval)) - int(read(self._local_steps))
+
+    def may_hold(self, count: int) -> bool:
+        """Whether the host may hold the interval for an execution of
+        `count` steps that ends with a full average (eagerly)."""
+        return True
 
     def weights(self, stepped: list, fragment=None) -> list:
         """The variables of `stepped` an average of `fragment` covers."""
@@ -310,7 +317,9 @@ def _filled_here(shape, dtype, name):
     return variable
 
 
-def _buffer(shape, dtype, name):
+def buffer(shape, dtype, name):
+    """A variable of each replica's own, not saved (a delayed average's
+    flags and counts)."""
     return tf.Variable(
         tf.zeros(shape, dtype),
         trainable=False,
@@ -353,10 +362,12 @@ class Delayed(Sequential):
         self._payload = payload
         self.buffers = buffers
         with buffers.strategy.scope():
-            self.armed = _buffer((), tf.int64, "armed")
-            self.pending = _buffer((), tf.int64, "pending")
-            self.snapshot_gamma = _buffer((), gamma.dtype, "gamma")
-            self.snapshot_steps = _buffer((), tf.int64, "steps")
+            self.armed = buffer((), tf.int64, "armed")
+            self.pending = buffer((), tf.int64, "pending")
+            self.snapshot_gamma = buffer((), gamma.dtype, "gamma")
+            self.snapshot_steps = buffer((), tf.int64, "steps")
+
+    delays = True
 
     def carried_steps(self) -> int:
         # While a copy is on its way, the steps of the period it ended are
@@ -364,6 +375,20 @@ class Delayed(Sequential):
         if not int(self.pending.numpy()):
             return 0
         return int(self.snapshot_steps.numpy())
+
+    def flying_fragment(self) -> int | None:
+        """The fragment whose copy is on its way (None: the whole payload)."""
+        return None
+
+    def must_land(self, steps_per_execution: int, steps: int, held: bool) -> bool:
+        """Whether the copy on its way must land before the coming execution
+        of `steps_per_execution` steps (`steps`: the optimizer's `overlap`;
+        `held`: the host holds the interval), eagerly: it has run beside
+        `steps` local steps, or the next average could fall due in it."""
+        local_steps = int(read(self._local_steps))
+        return local_steps >= steps or local_steps + steps_per_execution >= read(
+            self._interval
+        )
 
     def first_of_period(self):
         # While a copy is on its way, the period it ended still owns the

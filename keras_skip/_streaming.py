@@ -59,8 +59,10 @@ class Streaming(_overlap.Sequential):
         apart,
         hold,
         outer_steps,
+        carried=None,
+        full_at=None,
     ):
-        super().__init__(local_steps, interval)
+        super().__init__(local_steps, interval, carried, full_at)
         self.members = members
         self._fragment_of = {i: j for j, m in enumerate(members) for i in m}
         self._index_of = index_of
@@ -132,7 +134,7 @@ class Streaming(_overlap.Sequential):
         for j in range(self.count) if fragment is None else [fragment]:
             outer.after_average(
                 distribution,
-                self.local.value[j] > 0,
+                moved if fragment is not None else self.local.value[j] > 0,
                 self.weights(stepped, j),
                 steps=(self.outer_steps, j),
             )
@@ -163,20 +165,28 @@ class Streaming(_overlap.Sequential):
     def after_synchronous_step(self) -> None:
         self.fresh.value.assign(tf.ones([self.count], tf.int64))
 
+    def _thresholds(self, interval):
+        """Each fragment's local steps when it falls due (a tensor)."""
+        offsets = tf.range(1, self.count + 1, dtype=tf.int64) * interval
+        offsets //= self.count
+        return tf.where(self.fresh.value > 0, offsets, interval)
+
+    def _due(self, fragment: int, average, sent, interval):
+        """The average of `fragment`, which falls due after this step."""
+        return average(fragment)
+
     def after_step(self, sent, local_steps, average, average_overlapped):
         """Runs each due fragment's average, in fragment order; while held,
         the held interval's full average instead."""
         interval = self._interval.value
 
         def fragments():
-            offsets = tf.range(1, self.count + 1, dtype=tf.int64) * interval
-            offsets //= self.count
-            due = self.local.value >= tf.where(self.fresh.value > 0, offsets, interval)
+            due = self.local.value >= self._thresholds(interval)
             ran = tf.constant(False)
             for j in range(self.count):
                 ran_j = tf.cond(
                     due[j],
-                    lambda j=j: average(j),
+                    lambda j=j: self._due(j, average, sent, interval),
                     _overlap.nothing,
                     name="average_due",
                 )
@@ -216,6 +226,144 @@ class Streaming(_overlap.Sequential):
         self._gamma.value.assign(self.gammas.value[count - 1])
 
 
+class StreamingDelayed(Streaming):
+    """`Streaming` with ``overlap=k``: a due fragment's average is copied and
+    sent while the next local steps compute (`_flight.Flight` reduces and
+    lands it), as `_overlap.Delayed` does for the whole payload.
+
+    One copy is on its way at a time. The graph copies fragment ``j`` only
+    if the host armed it (`armed`: the steps of the coming execution), the
+    step is not one the host made full (`full_at`), and no other fragment
+    could fall due in the execution after this one, so that the copy can
+    run beside at least one execution (``maths.simulate``'s rule); otherwise
+    the fragment averages after the step. `pending_fragment`: the fragment
+    of the copy on its way; `snapshot_gamma`, `snapshot_steps`: its
+    learning rates' sum and local steps when copied.
+    """
+
+    delays = True
+
+    def __init__(self, *args, iterations, buffers: _overlap.Buffers, payload, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._iterations = iterations
+        self._payload = payload
+        self.buffers = buffers
+        with buffers.strategy.scope():
+            self.armed = _overlap.buffer((), tf.int64, "armed")
+            self.pending = _overlap.buffer((), tf.int64, "pending")
+            self.pending_fragment = _overlap.buffer((), tf.int64, "fragment")
+            self.snapshot_gamma = _overlap.buffer((), self.gammas.dtype, "gamma")
+            self.snapshot_steps = _overlap.buffer((), tf.int64, "steps")
+
+    def _flying(self) -> int | None:
+        """The fragment on its way, eagerly, or None."""
+        if not int(self.pending.numpy()):
+            return None
+        return int(self.pending_fragment.numpy())
+
+    def flying_fragment(self) -> int | None:
+        return self._flying()
+
+    def carried_steps(self) -> int:
+        fragment = self._flying()
+        if fragment is None:
+            return 0
+        local = read(self.local)
+        held = int(local[fragment]) + int(self.snapshot_steps.numpy())
+        return max(0, held - int(np.max(local)))
+
+    def must_land(self, steps_per_execution: int, steps: int, held: bool) -> bool:
+        fragment = self._flying()
+        return (
+            held
+            or int(read(self._interval)) <= 1
+            or int(read(self.local)[fragment]) >= steps
+            or self.steps_to_next_average() <= steps_per_execution
+        )
+
+    def may_hold(self, count: int) -> bool:
+        # A held execution ends with a full average in the graph; the copy
+        # on its way must have landed before it (`must_land`), which the
+        # reference does only if it ran beside a step.
+        fragment = self._flying()
+        return fragment is None or int(read(self.local)[fragment]) + count >= 2
+
+    def record_starts(self, period, distribution, variables) -> None:
+        owner = self._fragments_of(variables)
+        for j in range(self.count):
+            part = [v for v, f in zip(variables, owner, strict=True) if f == j]
+            if not part:
+                continue
+            # The period of a fragment on its way owns the start until it lands.
+            in_flight = tf.logical_and(
+                self.pending.value() > 0, self.pending_fragment.value() == j
+            )
+            first = tf.logical_and(self.local.value[j] == 0, tf.logical_not(in_flight))
+            period.record_if_first(distribution, part, first)
+
+    def before_step(self, distribution):
+        return distribution, self._iterations.value != self.full_at.value
+
+    def after_step(self, sent, local_steps, average, average_overlapped):
+        if not self.buffers.ready:
+            return super().after_step(None, local_steps, average, average_overlapped)
+        return super().after_step(sent, local_steps, average, average_overlapped)
+
+    def _due(self, fragment: int, average, sent, interval):
+        if sent is None:
+            return average(fragment)
+        distribution, not_full = sent
+        others = tf.where(
+            tf.range(self.count) == fragment,
+            interval,
+            self._thresholds(interval) - self.local.value,
+        )
+        armed = self.armed.value()
+        delayed = tf.reduce_all(
+            tf.stack(
+                [
+                    armed > 0,
+                    not_full,
+                    self.pending.value() == 0,
+                    tf.reduce_min(others) > armed,
+                ]
+            )
+        )
+        return tf.cond(
+            delayed,
+            lambda: self._snapshot(distribution, fragment),
+            lambda: average(fragment),
+            name="average_delayed",
+        )
+
+    def _snapshot(self, distribution, fragment: int):
+        extended = distribution.extended
+        _, _, payload = self._payload(fragment)
+        values = extended.call_for_each_replica(
+            lambda: [tf.identity(v) for v in payload]
+        )
+        for buffer, value in zip(
+            self.buffers.snapshot_of(payload), values, strict=True
+        ):
+            extended.update(buffer, _updates.assign, args=(value,), group=False)
+        at = [[fragment]]
+        self.pending_fragment.assign(fragment)
+        self.snapshot_gamma.assign(self.gammas.value[fragment])
+        self.snapshot_steps.assign(self.local.value[fragment])
+        local = tf.tensor_scatter_nd_update(self.local.value, at, [0])
+        self.local.value.assign(local)
+        gammas = self.gammas.value
+        self.gammas.value.assign(
+            tf.tensor_scatter_nd_update(gammas, at, tf.zeros([1], gammas.dtype))
+        )
+        self.fresh.value.assign(tf.tensor_scatter_nd_update(self.fresh.value, at, [0]))
+        self._local_steps.value.assign(tf.reduce_max(local))
+        self._gamma.value.assign(self.gammas.value[self.count - 1])
+        self.armed.assign(0)
+        self.pending.assign(1)
+        return tf.constant(False)
+
+
 def _add_to_each(gammas, lr):
     return gammas.assign_add(tf.fill(tf.shape(gammas), tf.cast(lr, gammas.dtype)))
 
@@ -232,17 +380,28 @@ def build(
     gamma,
     slots_apart,
     slots: list,
+    base: _overlap.Sequential,
+    payload,
+    iterations,
 ) -> Streaming:
     """The schedule of `fragments` > 1 fragments of `var_list`, its variables
     made with the optimizer's `add_variable` (`slots`: the inner
     optimizer's slot variables; after every other variable of
-    the optimizer: a checkpoint's variables are positional)."""
+    the optimizer: a checkpoint's variables are positional). `base`: the
+    schedule `_overlap.build` chose, whose overlap variables it takes (and
+    delays if it does); `payload(fragment)`: what an average of `fragment`
+    sends, as `_averager.Averager.payload` returns it; `iterations`: the
+    optimizer's step counter."""
     sizes = [int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in var_list]
     members = _fragments.partition(sizes, fragments)
     counter = keras.initializers.Zeros()
     ones = keras.initializers.Ones()
     shape = (fragments,)
-    return Streaming(
+    kind, delayed = Streaming, {}
+    if base.delays:
+        kind = StreamingDelayed
+        delayed = dict(iterations=iterations, buffers=base.buffers, payload=payload)
+    return kind(
         local_steps,
         interval,
         members=members,
@@ -263,4 +422,7 @@ def build(
         outer_steps=add_variable(
             shape, counter, dtype="int64", name="fragment_outer_steps"
         ),
+        carried=base.carried,
+        full_at=base.full_at,
+        **delayed,
     )

@@ -138,16 +138,15 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         optimizer = self._optimizer
         steps = self.params.get("steps") if self.params else None
         interval = optimizer.interval
-        if (
-            optimizer.overlap
-            and steps is not None
-            and interval > 1
-            and steps <= interval
-        ):
+        # With fragments, the first falls due after interval // fragments.
+        first = interval // optimizer.fragments
+        if optimizer.overlap and steps is not None and interval > 1 and steps <= first:
+            at = f"interval={interval}"
+            if optimizer.fragments > 1:
+                at += f" and fragments={optimizer.fragments}"
             _checks.warn_at_caller(
                 f"SkipCorrectionOptimizer(overlap={optimizer.overlap!r}) has no "
-                "effect at "
-                f"interval={interval} with epochs of {steps} steps: every "
+                f"effect at {at} with epochs of {steps} steps: every "
                 "average is the epoch-boundary average, which is never "
                 "overlapped, and the overlapped average's code only lengthens "
                 "the first epoch's tracing. Use an interval shorter than the "
@@ -178,7 +177,11 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         # At 1 the step would be synchronous; if an interval average (with
         # fragments, any fragment's) falls due in this execution, the
         # schedule averages in it and the boundary average follows it.
-        if due > 1 and count < steering.steps_to_next_average():
+        if (
+            due > 1
+            and count < steering.steps_to_next_average()
+            and steering.may_hold(count)
+        ):
             steering.hold(due)
             self._overridden = True
         elif optimizer.overlap:

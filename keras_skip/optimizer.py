@@ -169,7 +169,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             boundaries, before a synchronous step and from `average()`
             cover every fragment that moved. `interval` must be 1 or at
             least `fragments`; at most the number of trainable variables
-            (checked when built); it does not combine with `overlap` yet.
+            (checked when built). With `overlap=k` each fragment's average
+            is delayed as described above, one fragment at a time; it does
+            not combine with `overlap=True` yet.
         name: Optional name of the optimizer.
 
     Example:
@@ -512,6 +514,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 gamma=self._gamma,
                 slots_apart=self._slots.apart,
                 slots=self._slots.slots(),
+                base=self._schedule,
+                payload=lambda j: self._averager.payload(False, j),
+                iterations=self._iterations,
             )
         self._bind_steering()
         self._bind_step(corrected=bool(self._correction) and n > 1)
@@ -577,6 +582,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             full_at=self._schedule.full_at,
             hold=self._schedule.hold,
             steps_to_next_average=self._schedule.steps_to_next_average,
+            may_hold=self._schedule.may_hold,
         )
 
     def _link_replica_state(self) -> None:

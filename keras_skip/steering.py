@@ -70,6 +70,7 @@ class Steering:
         self._variables: dict | None = None
         self._outside: int | None = None
         self._steps_to_next: Callable[[], int] | None = None
+        self._may_hold: Callable[[int], bool] | None = None
         #: Called before a vote is cast: lands a delayed average on its way,
         #: whose landing would otherwise count the vote as this worker's own.
         self.before_vote: Callable[[], object] = lambda: None
@@ -88,10 +89,12 @@ class Steering:
         full_at: keras.Variable | None = None,
         hold: keras.Variable | None = None,
         steps_to_next_average: Callable[[], int] | None = None,
+        may_hold: Callable[[int], bool] | None = None,
     ) -> None:
         """Called by the optimizer when it is built: the state steered
         (`hold`: with fragments, 1 while the interval is held;
-        `steps_to_next_average`: see the method of that name)."""
+        `steps_to_next_average`, `may_hold`: see the methods of those
+        names)."""
         self._variables = dict(
             interval=interval,
             local_steps=local_steps,
@@ -105,6 +108,7 @@ class Steering:
             hold=hold,
         )
         self._steps_to_next = steps_to_next_average
+        self._may_hold = may_hold
         self._outside = None
 
     def _state(self, name: str):
@@ -146,6 +150,13 @@ class Steering:
         if self._steps_to_next is None:
             return self.interval_now() - self.local_steps()
         return self._steps_to_next()
+
+    def may_hold(self, count: int) -> bool:
+        """Whether an execution of `count` steps may be held to end with a
+        full average: with fragments, a delayed fragment's average on its
+        way must land before it, which it does only after a step beside it."""
+        self._state("interval")
+        return True if self._may_hold is None else self._may_hold(count)
 
     def interval_now(self) -> int:
         """The interval the train function sees now (held or not)."""

@@ -86,3 +86,13 @@ def fragments(optimizer) -> list:
 def fragment_local_steps(optimizer) -> tuple[int, ...]:
     """Per fragment: the local steps since its last average."""
     return tuple(int(s) for s in optimizer._schedule.local.numpy())
+
+
+def flight(optimizer):
+    """The host side of delayed averages (`_flight.Flight`), or None."""
+    return optimizer._flight
+
+
+def fragment_in_flight(optimizer) -> int | None:
+    """The fragment whose delayed average is on its way, or None."""
+    return optimizer._schedule.flying_fragment()

@@ -463,7 +463,7 @@ def test_an_all_reduce_that_fails_is_raised_in_fit(monkeypatch):
     def boom():
         raise ValueError("injected")
 
-    def failing(self):
+    def failing(self, fragment):
         tf.py_function(boom, [], [])
 
     monkeypatch.setattr(_flight.Flight, "_reduce_body", failing)

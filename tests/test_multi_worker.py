@@ -241,6 +241,26 @@ def test_streaming_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path)
 
 
 @pytest.mark.slow
+def test_delayed_streaming_averages_on_two_workers_equal_two_mirrored_replicas(
+    tmp_path,
+):
+    """overlap=2 with two fragments and bfloat16 averages: each fragment's
+    16-bit update is all-reduced in a thread beside the next local steps
+    (its own traced collective per fragment, the same on both workers) and
+    lands by the same rule as on mirrored replicas of one process."""
+    config = dict(
+        interval=8,
+        fragments=2,
+        overlap=2,
+        compression="bfloat16",
+        momentum=0.5,
+        epochs=2,
+    )
+    assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, "overlap", False)
+    assert all(r["threaded"] for r in outputs(tmp_path, 2))
+
+
+@pytest.mark.slow
 def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
     # 256 samples / (2 x 8) = 16 steps per epoch; worker 1 overflows at step 5.
     config = dict(

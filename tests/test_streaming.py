@@ -416,6 +416,107 @@ def test_fragments_with_compression_outer_and_drift_match_reference(
     assert np.abs(plain.x - expected.x).max() > 1e-4
 
 
+class InFlight(keras.callbacks.Callback):
+    """Counts the executions after which a fragment's average was on its
+    way, and the fragments that flew."""
+
+    def __init__(self):
+        super().__init__()
+        self.executions, self.fragments = 0, set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        flight = internals.flight(self.model.optimizer)
+        if flight is not None and flight.in_flight:
+            self.executions += 1
+            self.fragments.add(internals.fragment_in_flight(self.model.optimizer))
+
+
+@pytest.mark.parametrize(
+    ("count", "interval", "delay", "steps_per_execution", "compression"),
+    [
+        (2, 6, 2, 1, None),
+        (2, 6, 2, 2, None),
+        (3, 6, 2, 1, "bfloat16"),
+        (4, 12, 2, 1, None),
+    ],
+)
+def test_fit_with_delayed_fragments_matches_reference(
+    count, interval, delay, steps_per_execution, compression
+):
+    """``overlap=k``: a due fragment's average is copied, sent while the
+    next steps compute and landed later, one fragment at a time, by the
+    reference's rule; every replica ends identical (the boundary lands any
+    fragment on its way before its full average)."""
+    make_keras, make_reference = INNERS["momentum"]
+    flights = InFlight()
+    skip = dict(
+        interval=interval,
+        correction=1.0,
+        fragments=count,
+        overlap=delay,
+        compression=compression,
+    )
+    model, optimizer = compile_model(
+        mirrored(REPLICAS), make_keras, steps_per_execution, **skip
+    )
+    fit(model, callbacks=[flights])
+    skip["fragments"] = internals.fragments(optimizer)
+    expected = reference(
+        make_reference(), steps_per_execution=steps_per_execution, **skip
+    )
+    weights = weights_of(model)
+    assert_relative(weights, expected.x)
+    corrections = per_replica(internals.corrections(optimizer))
+    assert_relative(corrections, expected.correction, 1e-4)
+    assert optimizer.averages_performed == expected.averages
+    assert np.abs(weights - weights[0]).max() == 0.0
+    assert flights.executions > 0 and flights.fragments
+    # The delay changes the run: the comparison above sees it.
+    del skip["overlap"]
+    undelayed = reference(
+        make_reference(), steps_per_execution=steps_per_execution, **skip
+    )
+    assert np.abs(undelayed.x - expected.x).max() > 1e-4
+
+
+class _SaveInFlight(keras.callbacks.Callback):
+    """Saves the model after `batch` if a fragment's average is on its way;
+    records whether one was, before and after the save."""
+
+    def __init__(self, path, batch):
+        super().__init__()
+        self.path, self.batch, self.seen = path, batch, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch and self.seen is None:
+            flight = internals.flight(self.model.optimizer)
+            before = flight.in_flight
+            self.model.save(self.path)
+            self.seen = (before, flight.in_flight)
+
+
+def test_a_save_while_a_fragment_is_on_its_way_lands_it_first(tmp_path):
+    """Interval 6, two fragments, delay 2: fragment 0's average, due after
+    step 3, is on its way after step 5, where the run would land it before
+    the next. A save there lands it first, so the file holds no
+    half-finished average; the run goes on as the reference's."""
+    path = tmp_path / "mid.keras"
+    save = _SaveInFlight(path, batch=4)
+    skip = dict(interval=6, correction=1.0, fragments=2, overlap=2)
+    make_keras, make_reference = INNERS["sgd"]
+    model, optimizer = compile_model(mirrored(REPLICAS), make_keras, **skip)
+    fit(model, callbacks=[save])
+    assert save.seen == (True, False)
+    with mirrored(REPLICAS).scope():
+        restored = keras.saving.load_model(path)
+    assert restored.optimizer.averages_performed == 1
+    assert internals.fragment_local_steps(restored.optimizer) == (2, 5)
+    skip["fragments"] = internals.fragments(optimizer)
+    expected = reference(make_reference(), **skip)
+    assert_relative(weights_of(model), expected.x)
+    assert optimizer.averages_performed == expected.averages
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, 2, 3])
 def test_fragments_with_warmup_and_steps_per_execution_match_reference(
     steps_per_execution,
@@ -519,14 +620,15 @@ def test_an_interval_below_fragments_is_refused():
 #: Options fragments do not combine with, as keyword arguments.
 UNCOMBINED = {
     "overlap": lambda: {"overlap": True},
-    "delayed": lambda: {"overlap": 2},
+    "overlap-1": lambda: {"overlap": 1},
 }
 
 
 @pytest.mark.parametrize("option", sorted(UNCOMBINED))
 def test_options_fragments_do_not_combine_with_are_refused(option):
-    """Overlapped and delayed averages are refused with two fragments, in a
-    message naming `fragments`, and accepted with one."""
+    """An average alongside the one step it is due after (``overlap=True``)
+    is refused with two fragments, in a message naming `fragments`, and
+    accepted with one; delayed averages (``overlap=k``) are accepted."""
     with pytest.raises(ValueError, match="fragments"):
         keras_skip.SkipCorrectionOptimizer(
             keras.optimizers.SGD(LR), interval=8, fragments=2, **UNCOMBINED[option]()
