@@ -227,6 +227,13 @@ def test_overlap_hidden_is_the_share_of_communication_time_saved():
     assert hidden["overlap"] == pytest.approx(0.2)
     assert hidden["outer-compress-overlap"] == pytest.approx(-1 / 7)  # it cost
     assert harness.overlap_hidden([skip, overlap]) == {}  # no bound to measure
+    # Streaming averages compare with the same fragments without overlap, and
+    # with nothing when those did not run.
+    stream = method("outer-compress-stream", [15.0, 27.0, 39.0])  # 12 s
+    stream_overlap = method("outer-compress-overlap-stream", [15.0, 24.0, 33.0])
+    hidden = harness.overlap_hidden([stream, stream_overlap, nocomm])
+    assert hidden == {"outer-compress-overlap-stream": pytest.approx(1 / 3)}
+    assert harness.overlap_hidden([outer, stream_overlap, nocomm]) == {}
 
 
 def test_bad_arguments_are_clear_errors():
@@ -413,3 +420,43 @@ def test_independent_processes_that_never_all_get_ready_time_out(tmp_path):
     alone = tmp_path / "alone"
     alone.mkdir()
     worker.start_together(str(alone), 0, 1, timeout=0.05)  # at once
+
+
+def test_stream_methods_average_fragments_and_say_so():
+    """The methods with stream build the optimizer with --fragments
+    fragments (delayed over --overlap-steps with overlap), and their labels
+    name the count; the others keep one."""
+    import tensorflow as tf
+
+    from keras_skip.bench import methods
+    from keras_skip.bench.workers import worker
+
+    args = harness.build_parser().parse_args(
+        [
+            *("--methods", "stream", "outer-compress-overlap-stream", "skip"),
+            *("--fragments", "3", "--overlap-steps", "4"),
+        ]
+    )
+    labels = {name: label for name, label, _ in methods.method_plan(args)}
+    assert "3 fragments" in labels["stream"]
+    assert "3 fragments" in labels["outer-compress-overlap-stream"]
+    assert "fragments" not in labels["skip"]
+    config = {**worker.DEFAULTS, **harness._worker_config(args)}
+    strategy = tf.distribute.get_strategy()
+    for method, fragments, overlap in [
+        ("stream", 3, False),
+        ("outer-compress-overlap-stream", 3, 4),
+        ("skip", 1, False),
+    ]:
+        model, _ = worker.build({**config, "method": method}, strategy)
+        assert model.optimizer.fragments == fragments
+        assert model.optimizer.overlap == overlap
+
+
+def test_delayed_stream_methods_need_two_overlap_steps(capsys):
+    """A fragment's average is delayed or not overlapped at all: a method
+    with stream and overlap at --overlap-steps 1 is a usage error."""
+    with pytest.raises(SystemExit) as stop:
+        harness.main(["--methods", "outer-compress-overlap-stream"])
+    assert stop.value.code == 2
+    assert "--overlap-steps must be at least 2" in capsys.readouterr().err

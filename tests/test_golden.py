@@ -12,7 +12,7 @@ replica must come back and go on as the code that wrote them did.
 The files are written by this module, run as a script from the repository
 root, only when the format is meant to change (say so in the changelog)::
 
-    python tests/test_golden.py
+    python tests/test_golden.py [COMBINATION ...]
 """
 
 import contextlib
@@ -53,6 +53,15 @@ COMBINATIONS = {
         "compression": "bfloat16",
         "overlap": True,
     },
+    # Delayed streaming averages: fragment 0's bfloat16 update, due after
+    # step 4 of the 8 of an epoch, flies beside steps 5 and 6.
+    "fragments_delayed": {
+        "interval": 8,
+        "fragments": 2,
+        "overlap": 2,
+        "outer_optimizer": nesterov,
+        "compression": "bfloat16",
+    },
 }
 WITH_BACKUP = ("default", "outer_compression_overlap")
 #: Float rounding may differ between CPUs (kernels' summation order): far
@@ -88,7 +97,7 @@ def new_model(name, seed=0):
         model.compile(
             optimizer=keras_skip.SkipCorrectionOptimizer(
                 keras.optimizers.Adam(0.01, name="inner"),
-                interval=3,
+                interval=options.pop("interval", 3),
                 name="skip",
                 **options,
             ),
@@ -131,8 +140,9 @@ class Interrupt(keras.callbacks.Callback):
             raise RuntimeError("interrupted")
 
 
-def write(directory: pathlib.Path = GOLDEN) -> None:
-    for name in COMBINATIONS:
+def write(directory: pathlib.Path = GOLDEN, names=None) -> None:
+    """Writes the files of `names` (every combination by default)."""
+    for name in names or COMBINATIONS:
         out = directory / name
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
@@ -216,4 +226,6 @@ def test_a_backup_directory_resumes_as_written(name, tmp_path):
 
 
 if __name__ == "__main__":
-    write()
+    import sys
+
+    write(names=sys.argv[1:])

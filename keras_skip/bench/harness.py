@@ -144,6 +144,7 @@ def _worker_config(args: argparse.Namespace) -> dict:
         "outer_momentum": args.outer_momentum,
         "compression": args.compression,
         "overlap_steps": args.overlap_steps,
+        "fragments": args.fragments,
     }
 
 
@@ -313,7 +314,16 @@ def _table(report: dict, workers: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    delayed_streams = [m for m in args.methods if "stream" in m and "overlap" in m]
+    if delayed_streams and args.overlap_steps < 2:
+        parser.error(
+            f"--overlap-steps must be at least 2 with {', '.join(delayed_streams)}: "
+            "a fragment's average is delayed over the next steps (the "
+            f"average alongside one step does not take fragments). Received: "
+            f"--overlap-steps {args.overlap_steps}"
+        )
 
     def stop(signum, frame):
         raise KeyboardInterrupt

@@ -76,6 +76,8 @@ def _option_label(method: str, args: argparse.Namespace) -> str:
             if steps == 1
             else f"averages overlapped over {steps} steps"
         )
+    if "stream" in method:
+        parts.append(f"{getattr(args, 'fragments', 2)} fragments")
     return f"skip+correction, {', '.join(parts)} (interval {args.interval})"
 
 

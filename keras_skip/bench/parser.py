@@ -132,6 +132,15 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
         "the step it is due after, more delays it (needs an interval longer)",
     )
     add(
+        "--fragments",
+        type=options.positive_int,
+        default=2,
+        help="fragments of the methods with stream (streaming averages, "
+        "SkipCorrectionOptimizer's fragments): each averaged on its own, "
+        "staggered over the interval; with overlap, --overlap-steps must "
+        "be at least 2",
+    )
+    add(
         "--outer-momentum",
         type=options.fraction,
         default=0.9,

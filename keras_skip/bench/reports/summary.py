@@ -82,9 +82,9 @@ def overlap_hidden(results: Sequence[MethodResult]) -> dict[str, float]:
         if nocomm is None or "overlap" not in name:
             continue
         base = by_name.get(
-            name.removesuffix("-overlap") if name != "overlap" else "skip"
+            name.replace("-overlap", "") if name != "overlap" else "skip"
         )
-        if base is None:
+        if base is None or base is r:
             continue
         communication = base.epoch_seconds - nocomm.epoch_seconds
         if communication > 0:

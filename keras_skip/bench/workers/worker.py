@@ -17,7 +17,8 @@ import time
 
 DEFAULTS = {
     # sync, local, skip, adaptive, adacomm, nocomm, solo, and the options:
-    # outer, compress, outer-compress, overlap, outer-compress-overlap
+    # outer, compress, outer-compress, overlap, outer-compress-overlap, stream,
+    # outer-compress-stream, outer-compress-overlap-stream
     "method": "skip",
     "workload": "mlp",  # mlp, mlp-noniid, cnn
     "hidden": [1024, 1024],
@@ -32,6 +33,7 @@ DEFAULTS = {
     "outer_momentum": 0.9,
     "compression": "bfloat16",
     "overlap_steps": 1,
+    "fragments": 2,  # of the methods with stream
     "stop_at": None,  # stop once validation accuracy reaches this
     "seed": 0,
     "peer_timeout": 60.0,
@@ -49,6 +51,9 @@ OPTION_METHODS = (
     "outer-compress",
     "overlap",
     "outer-compress-overlap",
+    "stream",
+    "outer-compress-stream",
+    "outer-compress-overlap-stream",
 )
 
 #: An interval that never comes: the no-communication bound averages nothing.
@@ -113,6 +118,7 @@ def build(config, strategy):
                 compression=config["compression"] if "compress" in method else None,
                 measure_drift=config["measure_drift"],
                 overlap=config["overlap_steps"] if "overlap" in method else False,
+                fragments=config["fragments"] if "stream" in method else 1,
             )
         model.compile(
             optimizer=optimizer,
