@@ -77,9 +77,10 @@ def fragments(optimizer) -> list:
 
     sizes = [int(np.prod(v.shape)) for v in optimizer._trainable_variables]
     starts = np.cumsum([0, *sizes])
+    every = [list(range(len(sizes)))]  # one fragment: the whole model
     return [
         np.concatenate([np.arange(starts[i], starts[i + 1]) for i in members])
-        for members in optimizer._schedule.members
+        for members in getattr(optimizer._schedule, "members", every)
     ]
 
 

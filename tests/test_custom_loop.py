@@ -105,6 +105,30 @@ def test_custom_loop_matches_the_reference(loss_style):
     assert optimizer.averages_performed == expected.averages
 
 
+@pytest.mark.parametrize("boundary", ["eager", "graph"])
+def test_streaming_averages_in_a_custom_loop_match_the_reference(boundary):
+    """fragments=2 (the kernel, then the bias): each fragment averaged on
+    its own schedule in the step, the boundary average (eager or inside a
+    `tf.function`) covering both; `overlap=3` has no host to delay it, so
+    its averages run after their step."""
+    strategy = mirrored(REPLICAS)
+    model, optimizer = linear_model(
+        strategy,
+        lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+        interval=4,
+        fragments=2,
+        overlap=3,
+    )
+    train(strategy, model, optimizer, boundary=boundary)
+    parts = internals.fragments(optimizer)
+    assert [p.tolist() for p in parts] == [list(range(D)), [D]]
+    expected = reference(maths.sgd(0.9), interval=4, correction=1.0, fragments=parts)
+    assert_relative(weights_of(model), expected.x)
+    assert_relative(corrections_of(optimizer), expected.correction)
+    assert optimizer.averages_performed == expected.averages
+    assert max_replica_spread(model.trainable_variables) == 0.0
+
+
 def test_interval_1_in_a_custom_loop_is_synchronous_adam():
     strategy = mirrored(REPLICAS)
     model, optimizer = linear_model(

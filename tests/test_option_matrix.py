@@ -1,8 +1,8 @@
 """Every combination of options keeps the invariants that must always hold.
 
 Hypothesis draws the inner optimizer, interval, correction, slot policy,
-outer optimizer, compression, overlap, group size, warm-up and
-`steps_per_execution`, and trains the linear model of
+outer optimizer, compression, overlap, streaming fragments, group size,
+warm-up and `steps_per_execution`, and trains the linear model of
 `test_against_reference` on 4 replicas with `model.fit`. For every
 combination:
 
@@ -209,8 +209,9 @@ options = st.fixed_dictionaries(
         "warmup_steps": st.sampled_from([0, 3]),
         "steps_per_execution": st.sampled_from([1, 2, 4]),
         "floatx": st.sampled_from(["float32", "float64"]),
+        "fragments": st.sampled_from([1, 2]),
     }
-)
+).filter(lambda d: d["fragments"] == 1 or d["overlap"] is not True)
 
 
 BFLOAT16_ADAM_OVERLAP = {
@@ -294,8 +295,28 @@ BFLOAT16_ADAM_OVERLAP = {
         "floatx": "float64",
     }
 )
+# Streaming averages with every option they combine with: each fragment's
+# delayed bfloat16 update, its outer step and its averaged slots.
+@example(
+    {
+        "inner": "adam",
+        "interval": 5,
+        "correction": 1.0,
+        "optimizer_state": "average",
+        "outer": "nesterov",
+        "compression": "bfloat16",
+        "overlap": 2,
+        "group_size": 2,
+        "warmup_steps": 0,
+        "steps_per_execution": 1,
+        "floatx": "float64",
+        "fragments": 2,
+    }
+)
 def test_every_combination_keeps_the_invariants(drawn):
     drawn = dict(drawn)
+    fragments = drawn.get("fragments", 1)
+    drawn["fragments"] = fragments
     inner = drawn.pop("inner")
     outer = drawn.pop("outer")
     spe = drawn.pop("steps_per_execution")
@@ -315,6 +336,9 @@ def test_every_combination_keeps_the_invariants(drawn):
     if compressed and dtype == "float32":
         return  # rounding decisions may differ; see the module's docstring
     group_size = drawn.pop("group_size") or 1
+    # The reference's coordinates: the Dense layer's (the idle weight, last,
+    # has none there).
+    drawn["fragments"] = [part[part <= D] for part in internals.fragments(optimizer)]
     expected = reference(
         reference_inner(),
         learning_rate=lr,
