@@ -500,3 +500,28 @@ def test_callback_needs_a_skip_correction_optimizer():
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match="SkipCorrectionOptimizer"):
         fit(model, [keras_skip.AdaptiveIntervalCallback()])
+
+
+def test_a_decision_below_the_fragments_is_raised_to_them():
+    """With fragments=4 every fragment must be averaged once per interval:
+    a costly average that the cap holds at interval 3 becomes 4, and the
+    training goes on with it."""
+    model = new_model(
+        mirrored(4),
+        extra_layers=[keras.layers.Dense(3)],
+        optimizer_class=SlowAverage,
+        interval=8,
+        fragments=4,
+    )
+    adaptive = keras_skip.AdaptiveIntervalCallback(max_interval=3, verbose=0)
+    history = fit(model, [adaptive], epochs=2)
+    assert (
+        maths.adaptive_interval(
+            adaptive.decision.t_comm, adaptive.decision.t_comp, max_interval=3
+        )
+        == 3
+    )
+    assert adaptive.decision.interval == 4
+    assert model.optimizer.interval == 4
+    assert history.history["interval"] == [4, 4]
+    assert model.optimizer.averages_performed > 2
