@@ -112,16 +112,9 @@ def check_overlap(overlap) -> int:
     return overlap
 
 
-def check_fragments(fragments, interval: int, overlap) -> int:
-    """`fragments` as an integer >= 1, refused where it does not combine."""
+def check_fragments(fragments, interval: int) -> int:
+    """`fragments` as an integer >= 1 that `interval` can cover."""
     fragments = _checks.integer("fragments", fragments, minimum=1)
-    if fragments > 1 and overlap == 1:
-        raise ValueError(
-            "`fragments` > 1 does not combine with `overlap=True` (the "
-            "average alongside one step) yet: use `overlap=k` with k >= 2 "
-            "(delayed averages) or no fragments. Received: "
-            f"fragments={fragments}, overlap={overlap!r}"
-        )
     check_interval_covers(interval, fragments)
     return fragments
 

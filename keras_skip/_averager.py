@@ -106,12 +106,16 @@ class Averager:
         schedule.after_average(overlapped=False, fragment=fragment)
         return self._count(restart=False)
 
-    def average_overlapped(self, distribution, sent, lr):
+    def average_overlapped(self, distribution, sent, lr, fragment=None):
         """The average of the snapshots `sent` carries (whose all-reduce
         started before the step), applied after the step: each replica keeps
         its step's displacement on top, and the correction is updated on the
-        snapshot. Returns True."""
-        self._land(distribution, sent)
+        snapshot (only `fragment`'s, if given). Returns True."""
+        self._land(distribution, sent, fragment)
+        if fragment is not None:
+            self._schedule.after_average(overlapped=True, fragment=fragment)
+            self._schedule.restart_gamma(distribution, fragment, lr)
+            return self._count(restart=False)
         distribution.extended.update(
             self._gamma.value, _updates.assign_learning_rate, args=(lr,), group=False
         )

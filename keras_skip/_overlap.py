@@ -191,30 +191,17 @@ class Overlapped(Sequential):
         all-reduce. Nothing here writes a variable the step touches, and the
         step writes nothing read here after these reads, so the runtime runs
         the all-reduce while the step's forward and backward pass compute."""
-        extended = distribution.extended
         due = self._local_steps.value + 1 >= self._interval.value
         overlapped = tf.logical_and(due, self._iterations.value != self.full_at.value)
-        moved = self.moved()
-        gamma = tf.identity(self._gamma.value)
-        weights, _, payload = self._payload()
-        # Read only when due: the step's update then copies what it writes.
-        values = _updates.when(
+        return start(
             distribution,
+            self._codec,
+            self._payload(),
+            due,
             overlapped,
-            lambda: extended.call_for_each_replica(
-                lambda: [tf.identity(v) for v in payload]
-            ),
-            payload,
+            self.moved(),
+            tf.identity(self._gamma.value),
         )
-        codec, rest = self._codec, payload[len(weights) :]
-
-        def send():
-            per_replica = codec.send(distribution, weights, rest, moved, values)
-            return codec.reduce(distribution, weights, rest, per_replica)
-
-        dtypes = codec.wire_types(weights)
-        means = _updates.when(distribution, overlapped, send, payload, dtypes)
-        return Sent(due, overlapped, moved, gamma, values, means)
 
     def after_step(self, sent, local_steps, average, average_overlapped):
         return tf.cond(
@@ -226,6 +213,33 @@ class Overlapped(Sequential):
 
     def after_average(self, overlapped: bool, fragment=None) -> None:
         self.carried.value.assign(1 if overlapped else 0)
+
+
+def start(distribution, codec, sent, due, overlapped, moved, gamma) -> Sent:
+    """Reads the payload of `sent` (``(weights, slots, payload)``) and, if
+    `overlapped` (a boolean tensor), starts its all-reduce through `codec`:
+    the `Sent` of an overlapped average (`due`, `moved`, `gamma`: as it
+    holds them)."""
+    extended = distribution.extended
+    weights, _, payload = sent
+    # Read only when due: the step's update then copies what it writes.
+    values = _updates.when(
+        distribution,
+        overlapped,
+        lambda: extended.call_for_each_replica(
+            lambda: [tf.identity(v) for v in payload]
+        ),
+        payload,
+    )
+    rest = payload[len(weights) :]
+
+    def send():
+        per_replica = codec.send(distribution, weights, rest, moved, values)
+        return codec.reduce(distribution, weights, rest, per_replica)
+
+    dtypes = codec.wire_types(weights)
+    means = _updates.when(distribution, overlapped, send, payload, dtypes)
+    return Sent(due, overlapped, moved, gamma, values, means)
 
 
 #: Wire types whose means are held in a wider type: a variable made under

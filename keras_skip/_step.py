@@ -220,5 +220,7 @@ class Step:
             sent,
             local_steps,
             lambda fragment=None: averager.average(distribution, fragment=fragment),
-            lambda sent: averager.average_overlapped(distribution, sent, lr),
+            lambda sent, fragment=None: averager.average_overlapped(
+                distribution, sent, lr, fragment
+            ),
         )

@@ -226,6 +226,150 @@ class Streaming(_overlap.Sequential):
         self._gamma.value.assign(self.gammas.value[count - 1])
 
 
+class StreamingOverlapped(Streaming):
+    """`Streaming` with ``overlap=True``: the all-reduce of a fragment's
+    average due after the step starts before it, on the values the step
+    starts from, and its mean lands after the step, each replica keeping
+    its step's displacement on top (``maths.simulate``'s overlapped
+    average, per fragment). Until the fragment's next average includes that
+    step, its weights carry it (`carried_each`, one flag per fragment; the
+    optimizer's `carried` holds the most steps any fragment's weights hold
+    beyond the local step count). A step the host made full (`full_at`)
+    and a held interval overlap nothing."""
+
+    def __init__(self, *args, carried_each, iterations, codec, payload, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.carried_each = carried_each
+        self._iterations = iterations
+        self._codec = codec
+        self._payload = payload
+
+    def moved(self, fragment=None):
+        carried = self.carried_each.value > 0
+        if fragment is None:
+            return tf.logical_or(super().moved(), tf.reduce_any(carried))
+        return tf.logical_or(super().moved(fragment), carried[fragment])
+
+    def _moved_each(self):
+        return tf.logical_or(self.local.value > 0, self.carried_each.value > 0)
+
+    def record_starts(self, period, distribution, variables) -> None:
+        owner = self._fragments_of(variables)
+        # After an overlapped average the weights hold a local step: the
+        # period's start was recorded by that average.
+        first = tf.logical_not(self._moved_each())
+        for j in range(self.count):
+            part = [v for v, f in zip(variables, owner, strict=True) if f == j]
+            if part:
+                period.record_if_first(distribution, part, first[j])
+
+    def before_step(self, distribution):
+        """Per fragment, the `_overlap.Sent` of its average if one is due
+        after the step (its all-reduce started here), as
+        `_overlap.Overlapped.before_step` does for the whole payload."""
+        interval = self._interval.value
+        due = self.local.value + 1 >= self._thresholds(interval)
+        free = tf.logical_and(
+            self._iterations.value != self.full_at.value, self.hold.value == 0
+        )
+        moved = self._moved_each()
+        gammas = tf.identity(self.gammas.value)
+        return [
+            _overlap.start(
+                distribution,
+                self._codec,
+                self._payload(j),
+                due[j],
+                tf.logical_and(due[j], free),
+                moved[j],
+                gammas[j],
+            )
+            for j in range(self.count)
+        ]
+
+    def _due(self, fragment: int, average, sent, interval):
+        return average(fragment)
+
+    def after_step(self, sent, local_steps, average, average_overlapped):
+        interval = self._interval.value
+
+        def fragments():
+            ran = tf.constant(False)
+            for j, each in enumerate(sent):
+                ran_j = tf.cond(
+                    each.overlapped,
+                    lambda each=each, j=j: average_overlapped(each, j),
+                    lambda each=each, j=j: tf.cond(
+                        each.due,
+                        lambda: average(j),
+                        _overlap.nothing,
+                        name="average_due",
+                    ),
+                    name="average_overlapped",
+                )
+                ran = tf.logical_or(ran, ran_j)
+            return ran
+
+        def held():
+            return tf.cond(
+                local_steps >= interval, average, _overlap.nothing, name="average_due"
+            )
+
+        return tf.cond(self.hold.value > 0, held, fragments, name="average_held")
+
+    def cover(self, weights: list, include_slots: bool, fragment=None):
+        cover = super().cover(weights, include_slots, fragment)
+        if fragment is not None:
+            return cover
+        moved = self._moved_each()
+        selected = moved
+        if include_slots:
+            selected = tf.logical_or(moved, self.apart.value > 0)
+        owner = self._fragments_of(weights)
+        return _overlap.Cover(
+            moved=[moved[j] for j in owner],
+            keep=[tf.logical_not(selected[j]) for j in owner],
+            groups=cover.groups,
+            selected=selected,
+        )
+
+    def outer_step(self, outer, distribution, moved, stepped: list, fragment=None):
+        if fragment is not None:
+            return super().outer_step(outer, distribution, moved, stepped, fragment)
+        moved_each = self._moved_each()
+        for j in range(self.count):
+            outer.after_average(
+                distribution,
+                moved_each[j],
+                self.weights(stepped, j),
+                steps=(self.outer_steps, j),
+            )
+
+    def after_average(self, overlapped: bool, fragment=None) -> None:
+        count = self.count
+        if fragment is None:
+            carried = tf.zeros([count], tf.int64)
+        else:
+            carried = tf.tensor_scatter_nd_update(
+                self.carried_each.value, [[fragment]], [1 if overlapped else 0]
+            )
+        self.carried_each.value.assign(carried)
+        super().after_average(overlapped, fragment)
+        local = self.local.value
+        self.carried.value.assign(tf.reduce_max(local + carried) - tf.reduce_max(local))
+
+    def restart_gamma(self, distribution, fragment: int, lr) -> None:
+        """The fragment's learning rates' sum restarts at `lr` (it holds the
+        step its overlapped average ran alongside)."""
+        distribution.extended.update(
+            self.gammas.value,
+            _assign_at,
+            args=(fragment, lr),
+            group=False,
+        )
+        self._gamma.value.assign(self.gammas.value[self.count - 1])
+
+
 class StreamingDelayed(Streaming):
     """`Streaming` with ``overlap=k``: a due fragment's average is copied and
     sent while the next local steps compute (`_flight.Flight` reduces and
@@ -364,6 +508,11 @@ class StreamingDelayed(Streaming):
         return tf.constant(False)
 
 
+def _assign_at(gammas, fragment, lr):
+    value = tf.reshape(tf.cast(lr, gammas.dtype), [1])
+    return gammas.assign(tf.tensor_scatter_nd_update(gammas, [[fragment]], value))
+
+
 def _add_to_each(gammas, lr):
     return gammas.assign_add(tf.fill(tf.shape(gammas), tf.cast(lr, gammas.dtype)))
 
@@ -383,6 +532,7 @@ def build(
     base: _overlap.Sequential,
     payload,
     iterations,
+    codec,
 ) -> Streaming:
     """The schedule of `fragments` > 1 fragments of `var_list`, its variables
     made with the optimizer's `add_variable` (`slots`: the inner
@@ -391,7 +541,7 @@ def build(
     schedule `_overlap.build` chose, whose overlap variables it takes (and
     delays if it does); `payload(fragment)`: what an average of `fragment`
     sends, as `_averager.Averager.payload` returns it; `iterations`: the
-    optimizer's step counter."""
+    optimizer's step counter; `codec`: the optimizer's codec."""
     sizes = [int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in var_list]
     members = _fragments.partition(sizes, fragments)
     counter = keras.initializers.Zeros()
@@ -401,6 +551,16 @@ def build(
     if base.delays:
         kind = StreamingDelayed
         delayed = dict(iterations=iterations, buffers=base.buffers, payload=payload)
+    elif isinstance(base, _overlap.Overlapped):
+        kind = StreamingOverlapped
+        delayed = dict(
+            carried_each=add_variable(
+                shape, counter, dtype="int64", name="fragment_carried"
+            ),
+            iterations=iterations,
+            codec=codec,
+            payload=payload,
+        )
     return kind(
         local_steps,
         interval,

@@ -169,9 +169,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             boundaries, before a synchronous step and from `average()`
             cover every fragment that moved. `interval` must be 1 or at
             least `fragments`; at most the number of trainable variables
-            (checked when built). With `overlap=k` each fragment's average
-            is delayed as described above, one fragment at a time; it does
-            not combine with `overlap=True` yet.
+            (checked when built). With `overlap`, each fragment's average
+            is overlapped or delayed as described above (one fragment on
+            its way at a time).
         name: Optional name of the optimizer.
 
     Example:
@@ -227,7 +227,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         group_size = _arguments.check_group_size(group_size)
         measure_drift = _checks.boolean("measure_drift", measure_drift)
         overlap_steps = _arguments.check_overlap(overlap)
-        fragments = _arguments.check_fragments(fragments, interval, overlap)
+        fragments = _arguments.check_fragments(fragments, interval)
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(_compat.creation_strategy(self))
         _compat.install_model_hook()
@@ -517,6 +517,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 base=self._schedule,
                 payload=lambda j: self._averager.payload(False, j),
                 iterations=self._iterations,
+                codec=codec,
             )
         self._bind_steering()
         self._bind_step(corrected=bool(self._correction) and n > 1)

@@ -225,10 +225,13 @@ def test_averaged_second_moments_on_two_workers_equal_two_mirrored_replicas(tmp_
 
 
 @pytest.mark.slow
-def test_streaming_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_streaming_averages_on_two_workers_equal_two_mirrored_replicas(
+    tmp_path, overlap
+):
     """Each fragment's average (its bfloat16 update, with Adam's second
-    moments) is its own collective in the step's graph; both workers take
-    the same ones."""
+    moments) is its own collective in the step's graph, after the step or
+    (`overlap=True`) started before it; both workers take the same ones."""
     config = dict(
         interval=4,
         fragments=3,
@@ -236,6 +239,7 @@ def test_streaming_averages_on_two_workers_equal_two_mirrored_replicas(tmp_path)
         adam=True,
         optimizer_state="average_second_moments",
         compression="bfloat16",
+        overlap=overlap,
     )
     assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, "fragments", 1)
 

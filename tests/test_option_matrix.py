@@ -211,7 +211,7 @@ options = st.fixed_dictionaries(
         "floatx": st.sampled_from(["float32", "float64"]),
         "fragments": st.sampled_from([1, 2]),
     }
-).filter(lambda d: d["fragments"] == 1 or d["overlap"] is not True)
+)
 
 
 BFLOAT16_ADAM_OVERLAP = {

@@ -617,25 +617,55 @@ def test_an_interval_below_fragments_is_refused():
         assert optimizer.interval == 4
 
 
-#: Options fragments do not combine with, as keyword arguments.
-UNCOMBINED = {
-    "overlap": lambda: {"overlap": True},
-    "overlap-1": lambda: {"overlap": 1},
-}
-
-
-@pytest.mark.parametrize("option", sorted(UNCOMBINED))
-def test_options_fragments_do_not_combine_with_are_refused(option):
-    """An average alongside the one step it is due after (``overlap=True``)
-    is refused with two fragments, in a message naming `fragments`, and
-    accepted with one; delayed averages (``overlap=k``) are accepted."""
-    with pytest.raises(ValueError, match="fragments"):
-        keras_skip.SkipCorrectionOptimizer(
-            keras.optimizers.SGD(LR), interval=8, fragments=2, **UNCOMBINED[option]()
-        )
-    keras_skip.SkipCorrectionOptimizer(
-        keras.optimizers.SGD(LR), interval=8, fragments=1, **UNCOMBINED[option]()
+@pytest.mark.parametrize(
+    ("count", "interval", "steps_per_execution", "policy", "compression", "outer"),
+    [
+        (2, 4, 1, "local", None, None),
+        (3, 6, 2, "local", None, None),
+        (2, 4, 1, "average", "bfloat16", "nesterov"),
+        (4, 4, 1, "reset", None, None),
+    ],
+)
+def test_fit_with_overlapped_fragments_matches_reference(
+    count, interval, steps_per_execution, policy, compression, outer
+):
+    """``overlap=True``: a due fragment's all-reduce starts before the step
+    it is due after, on the values the step starts from, and lands after
+    it, each replica keeping its step on top; the fragment's weights carry
+    that step until its next average (the reference's overlapped average,
+    per fragment)."""
+    make_keras, make_reference = INNERS["momentum"]
+    skip = dict(
+        interval=interval,
+        correction=1.0,
+        fragments=count,
+        overlap=True,
+        optimizer_state=policy,
+        compression=compression,
     )
+    make_outer, reference_outer = None, {}
+    if outer is not None:
+        make_outer, make_reference_outer, outer_rate = OUTERS[outer]
+        reference_outer = dict(
+            outer=make_reference_outer(), outer_learning_rate=outer_rate
+        )
+    model, optimizer = compile_model(
+        mirrored(REPLICAS), make_keras, steps_per_execution, make_outer, **skip
+    )
+    fit(model)
+    skip["fragments"] = internals.fragments(optimizer)
+    run = dict(steps_per_execution=steps_per_execution, **skip, **reference_outer)
+    expected = reference(make_reference(), **run)
+    weights = weights_of(model)
+    assert_relative(weights, expected.x)
+    corrections = per_replica(internals.corrections(optimizer))
+    assert_relative(corrections, expected.correction, 1e-4)
+    assert optimizer.averages_performed == expected.averages
+    assert optimizer.local_steps_since_average == 0
+    assert np.abs(weights - weights[0]).max() == 0.0
+    # Overlapping changes the run: the comparison above sees it.
+    del run["overlap"]
+    assert np.abs(reference(make_reference(), **run).x - expected.x).max() > 1e-4
 
 
 def test_a_fragment_count_that_is_not_a_positive_integer_is_refused():
