@@ -100,6 +100,10 @@ class Streaming(_overlap.Sequential):
             return stepped
         return [v for v in stepped if self._fragment_of[self._index_of(v)] == fragment]
 
+    def _moved_each(self):
+        """Per fragment, whether its weights moved since its last average."""
+        return self.local.value > 0
+
     def _fragments_of(self, weights) -> list[int]:
         return [self._fragment_of[self._index_of(v)] for v in weights]
 
@@ -108,7 +112,7 @@ class Streaming(_overlap.Sequential):
             return _overlap.Cover(self.moved(fragment))
         # A full average covers the fragments that moved or, with the slots,
         # whose slots are apart; the others it leaves as they are.
-        moved = self.local.value > 0
+        moved = self._moved_each()
         selected = moved
         if include_slots:
             selected = tf.logical_or(moved, self.apart.value > 0)
@@ -131,10 +135,11 @@ class Streaming(_overlap.Sequential):
                 period.record_if_first(distribution, part, self.local.value[j] == 0)
 
     def outer_step(self, outer, distribution, moved, stepped: list, fragment=None):
+        moved_each = self._moved_each()
         for j in range(self.count) if fragment is None else [fragment]:
             outer.after_average(
                 distribution,
-                moved if fragment is not None else self.local.value[j] > 0,
+                moved if fragment is not None else moved_each[j],
                 self.weights(stepped, j),
                 steps=(self.outer_steps, j),
             )
@@ -171,7 +176,16 @@ class Streaming(_overlap.Sequential):
         offsets //= self.count
         return tf.where(self.fresh.value > 0, offsets, interval)
 
-    def _due(self, fragment: int, average, sent, interval):
+    def _after_step(self, fragment: int, due, sent, average, average_overlapped):
+        """Runs `fragment`'s average if it is `due` after the step."""
+        return tf.cond(
+            due,
+            lambda: self._due(fragment, average, sent),
+            _overlap.nothing,
+            name="average_due",
+        )
+
+    def _due(self, fragment: int, average, sent):
         """The average of `fragment`, which falls due after this step."""
         return average(fragment)
 
@@ -184,12 +198,7 @@ class Streaming(_overlap.Sequential):
             due = self.local.value >= self._thresholds(interval)
             ran = tf.constant(False)
             for j in range(self.count):
-                ran_j = tf.cond(
-                    due[j],
-                    lambda j=j: self._due(j, average, sent, interval),
-                    _overlap.nothing,
-                    name="average_due",
-                )
+                ran_j = self._after_step(j, due[j], sent, average, average_overlapped)
                 ran = tf.logical_or(ran, ran_j)
             return ran
 
@@ -287,63 +296,16 @@ class StreamingOverlapped(Streaming):
             for j in range(self.count)
         ]
 
-    def _due(self, fragment: int, average, sent, interval):
-        return average(fragment)
-
-    def after_step(self, sent, local_steps, average, average_overlapped):
-        interval = self._interval.value
-
-        def fragments():
-            ran = tf.constant(False)
-            for j, each in enumerate(sent):
-                ran_j = tf.cond(
-                    each.overlapped,
-                    lambda each=each, j=j: average_overlapped(each, j),
-                    lambda each=each, j=j: tf.cond(
-                        each.due,
-                        lambda: average(j),
-                        _overlap.nothing,
-                        name="average_due",
-                    ),
-                    name="average_overlapped",
-                )
-                ran = tf.logical_or(ran, ran_j)
-            return ran
-
-        def held():
-            return tf.cond(
-                local_steps >= interval, average, _overlap.nothing, name="average_due"
-            )
-
-        return tf.cond(self.hold.value > 0, held, fragments, name="average_held")
-
-    def cover(self, weights: list, include_slots: bool, fragment=None):
-        cover = super().cover(weights, include_slots, fragment)
-        if fragment is not None:
-            return cover
-        moved = self._moved_each()
-        selected = moved
-        if include_slots:
-            selected = tf.logical_or(moved, self.apart.value > 0)
-        owner = self._fragments_of(weights)
-        return _overlap.Cover(
-            moved=[moved[j] for j in owner],
-            keep=[tf.logical_not(selected[j]) for j in owner],
-            groups=cover.groups,
-            selected=selected,
+    def _after_step(self, fragment: int, due, sent, average, average_overlapped):
+        each = sent[fragment]
+        return tf.cond(
+            each.overlapped,
+            lambda: average_overlapped(each, fragment),
+            lambda: super(StreamingOverlapped, self)._after_step(
+                fragment, due, None, average, average_overlapped
+            ),
+            name="average_overlapped",
         )
-
-    def outer_step(self, outer, distribution, moved, stepped: list, fragment=None):
-        if fragment is not None:
-            return super().outer_step(outer, distribution, moved, stepped, fragment)
-        moved_each = self._moved_each()
-        for j in range(self.count):
-            outer.after_average(
-                distribution,
-                moved_each[j],
-                self.weights(stepped, j),
-                steps=(self.outer_steps, j),
-            )
 
     def after_average(self, overlapped: bool, fragment=None) -> None:
         count = self.count
@@ -453,9 +415,10 @@ class StreamingDelayed(Streaming):
             return super().after_step(None, local_steps, average, average_overlapped)
         return super().after_step(sent, local_steps, average, average_overlapped)
 
-    def _due(self, fragment: int, average, sent, interval):
+    def _due(self, fragment: int, average, sent):
         if sent is None:
             return average(fragment)
+        interval = self._interval.value
         distribution, not_full = sent
         others = tf.where(
             tf.range(self.count) == fragment,

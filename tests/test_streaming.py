@@ -162,9 +162,9 @@ def train_keras(
     return model, optimizer, trace
 
 
-def reference(inner, *, steps=STEPS, learning_rate=LR, **skip):
-    """`maths.simulate` on the data `train_keras` trains on, with an epoch
-    boundary after every `STEPS_PER_EPOCH` steps."""
+def reference(inner, *, steps=STEPS, learning_rate=LR, boundaries=BOUNDARIES, **skip):
+    """`maths.simulate` on the data `train_keras` trains on, by default with
+    an epoch boundary after every `STEPS_PER_EPOCH` steps."""
     x, y = make_data()
     return maths.simulate(
         np.concatenate([w.ravel() for w in start_weights()]),
@@ -173,7 +173,7 @@ def reference(inner, *, steps=STEPS, learning_rate=LR, **skip):
         steps=steps,
         learning_rate=learning_rate,
         inner=inner,
-        boundaries=BOUNDARIES,
+        boundaries=boundaries,
         **skip,
     )
 
@@ -357,6 +357,17 @@ OUTERS = {
 }
 
 
+def outer_options(outer):
+    """``(make_outer, reference keyword arguments)`` of `OUTERS[outer]`, or
+    of no outer optimizer for None."""
+    if outer is None:
+        return None, {}
+    make_outer, make_reference_outer, outer_rate = OUTERS[outer]
+    return make_outer, dict(
+        outer=make_reference_outer(), outer_learning_rate=outer_rate
+    )
+
+
 @pytest.mark.parametrize(
     ("count", "interval", "compression", "outer", "policy"),
     [
@@ -383,12 +394,7 @@ def test_fragments_with_compression_outer_and_drift_match_reference(
         optimizer_state=policy,
         fragments=count,
     )
-    make_outer, reference_outer = None, {}
-    if outer is not None:
-        make_outer, make_reference_outer, outer_rate = OUTERS[outer]
-        reference_outer = dict(
-            outer=make_reference_outer(), outer_learning_rate=outer_rate
-        )
+    make_outer, reference_outer = outer_options(outer)
     model, optimizer, trace = train_keras(
         make_keras, make_outer=make_outer, measure_drift=True, **skip
     )
@@ -643,12 +649,7 @@ def test_fit_with_overlapped_fragments_matches_reference(
         optimizer_state=policy,
         compression=compression,
     )
-    make_outer, reference_outer = None, {}
-    if outer is not None:
-        make_outer, make_reference_outer, outer_rate = OUTERS[outer]
-        reference_outer = dict(
-            outer=make_reference_outer(), outer_learning_rate=outer_rate
-        )
+    make_outer, reference_outer = outer_options(outer)
     model, optimizer = compile_model(
         mirrored(REPLICAS), make_keras, steps_per_execution, make_outer, **skip
     )
@@ -719,17 +720,12 @@ def test_fragment_averages_send_a_fraction_of_the_bytes(interval, expected_bytes
     assert fragment_bytes == [12, 16]
 
     def run(steps, boundaries):
-        x, y = make_data()
-        return maths.simulate(
-            np.concatenate([w.ravel() for w in start_weights()]),
-            grad_fn(x, y),
-            n=REPLICAS,
+        return reference(
+            make_reference(),
             steps=steps,
-            learning_rate=LR,
-            inner=make_reference(),
+            boundaries=boundaries,
             interval=interval,
             correction=1.0,
-            boundaries=boundaries,
             fragments=parts,
         )
 
