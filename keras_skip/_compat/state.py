@@ -127,16 +127,22 @@ def slots_by_variable(optimizer, var_list, slots) -> list[list]:
     variables, in its order): those of `slots` (its slot variables) that
     belong to it. Keras' optimizers (3.15) keep each kind of slot in a list
     attribute in the variables' order (Adam's ``_momentums``, Muon's
-    ``momentums``, None or a placeholder where a variable has none); a
-    slot in no such list (Nadam's ``_u_product``) belongs to no variable."""
+    ``momentums``, None or a placeholder where a variable has none), or
+    (Muon in keras 3.12) in a dict by variable path; a slot in neither
+    (Nadam's ``_u_product``) belongs to no variable."""
     known = {id(s) for s in slots}
     per_variable: list[list] = [[] for _ in var_list]
+    index_of_path = {getattr(v, "path", None): k for k, v in enumerate(var_list)}
     for value in vars(optimizer).values():
-        if not isinstance(value, list | tuple) or len(value) != len(var_list):
+        if isinstance(value, dict):  # by variable path (Muon, keras 3.12)
+            pairs = [(index_of_path.get(key), s) for key, s in value.items()]
+        elif isinstance(value, list | tuple) and len(value) == len(var_list):
+            pairs = list(enumerate(value))
+        else:
             continue
-        for k, s in enumerate(value):
+        for k, s in pairs:
             s = _tf_variable(s)
-            if id(s) in known:
+            if k is not None and id(s) in known:
                 per_variable[k].append(s)
     return per_variable
 
