@@ -549,6 +549,21 @@ def test_second_moments_are_found_by_their_attributes(make):
         assert sum(name.endswith("_" + kind) for name in names) == 2, (kind, names)
 
 
+def test_muons_second_moments_are_those_of_the_variables_it_steps_with_adam():
+    """Muon steps a matrix with its own rule and a vector with Adam: only the
+    vector has a velocity (kept in a list by keras 3.15, in a dict by
+    variable path by keras 3.12; both are read)."""
+    optimizer = keras.optimizers.Muon()
+    kernel = keras.Variable(np.ones((3, 2)), name="kernel")
+    bias = keras.Variable(np.zeros(2), name="bias")
+    optimizer.build([kernel, bias])
+    found = _compat.second_moments(optimizer)
+    assert [v.name for v in found] == [
+        v.name for v in optimizer.variables if v.name.endswith("bias_velocity")
+    ]
+    assert len(found) == 1 and any(found[0] is w for w in optimizer.variables)
+
+
 def test_an_optimizer_of_another_class_has_no_second_moments():
     """Attribute names alone decide nothing: a custom optimizer whose `_v`
     holds something else is not read."""

@@ -118,6 +118,8 @@ def second_moments(optimizer) -> list:
             continue
         for attribute in attributes:
             slots = getattr(optimizer, attribute, None) or ()
+            if isinstance(slots, dict):  # by variable path (Muon, keras 3.12)
+                slots = slots.values()
             found.extend(v for v in slots if v is not None)
     return found
 
