@@ -94,6 +94,50 @@ def check_compression(compression) -> str | None:
     return compression
 
 
+#: What the replicas show at an epoch's end (`keras_skip._boundary`).
+BOUNDARIES = ("full", "latest")
+
+
+def check_boundary(boundary) -> str:
+    if not isinstance(boundary, str) or boundary not in BOUNDARIES:
+        raise ValueError(
+            f"`boundary` must be {' or '.join(repr(b) for b in BOUNDARIES)}. "
+            f"Received: boundary={boundary!r}"
+        )
+    return boundary
+
+
+def check_model(model) -> None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a keras.Model. Received: "
+            f"model={model!r} of type {type(model).__name__}"
+        )
+
+
+def check_shows_latest(boundary: str) -> None:
+    if boundary != "latest":
+        raise ValueError(
+            "show_latest_averages() needs SkipCorrectionOptimizer("
+            f"boundary='latest'). Received: boundary={boundary!r}"
+        )
+
+
+def from_config(cls, config, custom_objects=None):
+    """`SkipCorrectionOptimizer.from_config`: the wrapped optimizers
+    deserialized."""
+    config = dict(config)
+    inner = keras.saving.deserialize_keras_object(
+        config.pop("inner_optimizer"), custom_objects=custom_objects
+    )
+    outer = config.pop("outer_optimizer", None)
+    if outer is not None:
+        outer = keras.saving.deserialize_keras_object(
+            outer, custom_objects=custom_objects
+        )
+    return cls(inner, outer_optimizer=outer, **config)
+
+
 def check_overlap(overlap) -> int:
     """The local steps an interval average's all-reduce may run beside: 0
     (False), 1 (True: the step it is due after) or more (delayed)."""
@@ -147,6 +191,7 @@ def config_of(optimizer) -> dict:
         "group_size": optimizer.group_size,
         "overlap": optimizer.overlap,
         "fragments": optimizer.fragments,
+        "boundary": optimizer.boundary,
         "outer_optimizer": (
             None if outer is None else keras.saving.serialize_keras_object(outer)
         ),
@@ -322,5 +367,6 @@ def reject_base_arguments(kwargs) -> None:
             "SkipCorrectionOptimizer got unexpected arguments: "
             f"{', '.join(sorted(kwargs))}. Allowed: inner_optimizer, interval, "
             "correction, optimizer_state, warmup_steps, outer_optimizer, "
-            "compression, measure_drift, group_size, overlap, fragments, name."
+            "compression, measure_drift, group_size, overlap, fragments, boundary, "
+            "name."
         )

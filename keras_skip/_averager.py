@@ -45,6 +45,7 @@ class Averager:
         drift,
         schedule,
         slots,
+        boundary,
         gamma,
         bytes_sent,
         local_steps,
@@ -66,6 +67,9 @@ class Averager:
         self._bytes = bytes_sent
         self._local_steps = local_steps
         self._averages = averages
+        # The eager boundary averages, by the variables the steps update.
+        self.functions: dict[tuple, Callable] = {}
+        self._boundary = boundary
 
     def own_corrections(self, variables) -> list:
         """The corrections of `variables` (None without correction)."""
@@ -99,6 +103,8 @@ class Averager:
                 distribution, payload, weights, means, cover, gamma=gamma
             )
             self._slots.after_average(slots, include_slots, overlapped=False)
+        if schedule.carries_state(fragment):
+            self._boundary.record_state(distribution, self._model_state())
         schedule.outer_step(self._outer, distribution, cover.moved, stepped, fragment)
         if fragment is None:
             self._gamma.value.assign(0.0)
@@ -159,8 +165,24 @@ class Averager:
         )
         # The next period starts from the (outer) average.
         self._period.record(distribution, weights)
+        if self._schedule.carries_state(fragment):
+            self._boundary.record_state(distribution, self._model_state())
         for v, d in zip(payload, displacements, strict=True):
             extended.update(v, _updates.add, args=(d,), group=False)
+
+    def eager_average(self, key: tuple) -> Callable:
+        """The compiled boundary average for the variables the steps update
+        (`key`), traced on first use (call it inside the strategy scope;
+        tracing it early keeps tracing out of timings)."""
+        function = self.functions.get(key)
+        if function is None:
+            function = tf.function(
+                lambda: self.average_if_pending(tf.distribute.get_strategy()),
+                autograph=False,
+            )
+            function.get_concrete_function()
+            self.functions[key] = function
+        return function
 
     def average_if_pending(self, distribution, include_slots=False):
         """Averages if the replicas may differ: the weights moved since the

@@ -39,8 +39,8 @@ class Streaming(_overlap.Sequential):
     `index_of`: a trainable variable's index; `slots_of`: per trainable
     variable, its slot variables (the others travel with the last fragment);
     `local`, `gammas`, `fresh`, `apart`, `hold`, `outer_steps`: the
-    fragments' variables
-    (`build`); `gamma`, `slots_apart`: the optimizer's variables.
+    fragments' variables (`build`); `gamma`, `slots_apart`: the optimizer's
+    variables.
     """
 
     def __init__(

@@ -37,6 +37,13 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
     A checkpoint written at a batch inside an epoch (`save_freq=<int>`)
     holds replica 0's weights, not their average; use epoch-level saves.
 
+    With `SkipCorrectionOptimizer(boundary="latest")` an epoch whose
+    averages covered every fragment ends with no communication instead:
+    every replica's own weights are set aside and each fragment's latest
+    average is shown to validation and to every callback's `on_epoch_end`;
+    the own weights come back at the next epoch's start. Other epochs, and
+    the end of training, take the full average as above.
+
     With `SkipCorrectionOptimizer(overlap=True)`, an interval average due at
     an epoch's last step is taken as the full boundary average, and the
     callback warns if the interval is no shorter than the epoch (nothing
@@ -108,6 +115,7 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
                 "group_size": optimizer.group_size,
                 "overlap": optimizer.overlap,
                 "fragments": optimizer.fragments,
+                "boundary": optimizer.boundary,
                 "outer optimizer": type(optimizer.outer_optimizer).__name__,
                 "steps_per_execution": self.model.steps_per_execution,
                 "trainable parameters": sum(
@@ -168,8 +176,8 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         if steps is None or not optimizer.built:
             return
         steering = optimizer.steering
-        if steering.held:
-            return  # the adaptive probe's rounds
+        if steering.held or optimizer.boundary == "latest":
+            return  # the adaptive probe's rounds; no full average to take
         count = min(self.model.steps_per_execution, steps - batch)
         if batch + count < steps:
             return
@@ -196,16 +204,32 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             self._optimizer.steering.release()
         steps = self.params.get("steps") if self.params else None
         if steps is not None and batch + 1 >= steps:
-            self._boundary_average()
+            self._end_epoch()
 
-    def _boundary_average(self) -> None:
+    def _end_epoch(self) -> None:
+        """The boundary: with ``boundary="latest"``, the latest averages are
+        shown if every fragment's was taken during the epoch (at least
+        `fragments` averages); else a full average."""
+        optimizer = self._optimizer
+        if optimizer.showing_latest_averages:
+            return
+        if optimizer.boundary == "latest":
+            optimizer.steering.land()  # an average on its way counts
+        averages = optimizer.averages_performed - self._counters[0]
+        if optimizer.boundary == "latest" and averages >= optimizer.fragments:
+            with tracing.span("show latest averages", "average"):
+                optimizer.show_latest_averages()
+            return
         with tracing.span("boundary average", "average") as args:
-            args["averaged"] = self._optimizer.average()
+            args["averaged"] = optimizer.average()
 
     def on_test_begin(self, logs=None):
         # Also reached from a standalone `evaluate(callbacks=[this])`.
         optimizer = _skip_optimizer(getattr(self.model, "optimizer", None))
-        if isinstance(optimizer, SkipCorrectionOptimizer):
+        if (
+            isinstance(optimizer, SkipCorrectionOptimizer)
+            and not optimizer.showing_latest_averages
+        ):
             optimizer.average()
 
     def _read_counters(self) -> tuple[int, int, float]:
@@ -217,11 +241,12 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         )
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._optimizer.restore_own_weights()
         self._counters = self._read_counters()
 
     def on_epoch_end(self, epoch, logs=None):
         optimizer = self._optimizer
-        self._boundary_average()
+        self._end_epoch()
         if logs is None:
             return
         averages, bytes_sent, drift = self._read_counters()
@@ -233,7 +258,10 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
             logs["drift"] = (drift - start[2]) / max(averages - start[0], 1)
 
     def on_train_end(self, logs=None):
-        self._optimizer.average()
+        # Weights another callback set while the averages were shown (the
+        # best ones `EarlyStopping` restores) are kept, unaveraged.
+        if self._optimizer.restore_own_weights():
+            self._optimizer.average()
         if self._agreement is not None:
             self._agreement.finish()
             callbacks = self._callback_list.callbacks

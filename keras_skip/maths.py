@@ -393,6 +393,7 @@ def simulate(
     overlap: bool | int = False,
     steps_per_execution: int = 1,
     fragments: int | Iterable[np.ndarray] = 1,
+    landings: Iterable[int] = (),
 ) -> SimulationResult:
     """Runs the algorithm for ``steps`` optimizer steps on ``n`` replicas.
 
@@ -465,6 +466,9 @@ def simulate(
             fragment's average is overlapped or delayed by the rules above,
             one in flight at a time; landing touches only its fragment.
             ``1`` is the unfragmented algorithm.
+        landings: Step counts after which a delayed average on its way
+            lands with no other average: the end of an epoch whose boundary
+            shows the latest averages (``boundary="latest"``).
 
     Returns:
         A :class:`SimulationResult`; ``history[t]`` is ``x`` after step ``t``.
@@ -516,7 +520,7 @@ def simulate(
     slots_apart = [False] * count
     outer_steps = [0] * count
     first = [True] * count
-    boundaries = set(boundaries)
+    boundaries, landings = set(boundaries), set(landings)
     history = []
     drifts = []
     # The weights every replica held when each fragment's period began.
@@ -695,7 +699,7 @@ def simulate(
                 else:
                     do_average(j)
                 interval_averages += 1
-        if t + 1 in boundaries and delayed is not None:
+        if (t + 1 in boundaries or t + 1 in landings) and delayed is not None:
             land_delayed()
         if t + 1 in boundaries and (any(local) or any(carried)):
             full_average()

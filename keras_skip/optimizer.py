@@ -5,12 +5,12 @@ from __future__ import annotations
 import warnings
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_skip import (
     _arguments,
     _averager,
+    _boundary,
     _checks,
     _codecs,
     _compat,
@@ -172,6 +172,16 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             (checked when built). With `overlap`, each fragment's average
             is overlapped or delayed as described above (one fragment on
             its way at a time).
+        boundary: "full" (default) or "latest": what `SkipCorrectionCallback`
+            gives an epoch's end. "full": a full average, which blocks while
+            the whole model crosses the links. "latest": no communication;
+            every replica's own weights are set aside and each fragment's
+            latest average is shown (validation, checkpoints and
+            `EarlyStopping` see it), then the own weights come back before
+            the next step, so the averages' schedule runs across epochs. An
+            epoch with fewer than `fragments` averages, or of unknown
+            length, still ends with a full average, and so does `fit`.
+            Keeps two more copies of the trainable weights per replica.
         name: Optional name of the optimizer.
 
     Example:
@@ -213,6 +223,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         group_size: int | str | None = None,
         overlap: bool = False,
         fragments: int = 1,
+        boundary: str = "full",
         name: str | None = None,
         **kwargs,
     ):
@@ -228,6 +239,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         measure_drift = _checks.boolean("measure_drift", measure_drift)
         overlap_steps = _arguments.check_overlap(overlap)
         fragments = _arguments.check_fragments(fragments, interval)
+        boundary = _arguments.check_boundary(boundary)
         super().__init__(learning_rate=0.0, name=name)
         _compat.isolate_collective_keys(_compat.creation_strategy(self))
         _compat.install_model_hook()
@@ -250,6 +262,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         self._overlap = overlap
         self._overlap_steps = overlap_steps
         self._fragments = fragments
+        self._boundary_mode = boundary
         # With overlap >= 2 on several replicas, the host side of delayed
         # averages (`_flight.Flight`), made when built.
         object.__setattr__(self, "_flight", None)
@@ -265,7 +278,6 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # the outer step cover these only: the others never move.
         self._stepped: dict[int, keras.Variable] = {}
         self._stepped_stale = False
-        self._average_functions: dict[tuple[int, ...], object] = {}
         # Bound to the state when built (see `steering`).
         object.__setattr__(self, "_steering", Steering(_compat.creation_strategy(self)))
 
@@ -334,6 +346,18 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         return self._fragments
 
     @property
+    def boundary(self) -> str:
+        """What the replicas show at an epoch's end: "full" (a full average)
+        or "latest" (each fragment's latest average, with no communication)."""
+        return self._boundary_mode
+
+    @property
+    def showing_latest_averages(self) -> bool:
+        """Whether the replicas' own weights are set aside and the latest
+        averages shown (`show_latest_averages`)."""
+        return self.built and self._boundary.shown
+
+    @property
     def measure_drift(self) -> bool:
         """Whether each average measures the replicas' drift."""
         return self._measure_drift
@@ -379,15 +403,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         t_comm) recorded by `AdaptiveIntervalCallback`. It is saved with the
         optimizer, so a resumed run keeps it instead of probing again.
         """
-        if not self.built or not int(self._decided.numpy()):
-            return None
-        from keras_skip.adaptive import IntervalDecision
-
-        return IntervalDecision(
-            int(self._decided.numpy()),
-            float(self._decision_t_comp.numpy()),
-            float(self._decision_t_comm.numpy()),
-        )
+        return self._steering.decision() if self.built else None
 
     @property
     def steering(self) -> Steering:
@@ -457,7 +473,9 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             self.add_optimizer_variables,
             var_list,
             index_of,
-            needed=self.outer_optimizer is not None or self._compression is not None,
+            needed=self.outer_optimizer is not None
+            or self._compression is not None
+            or self._boundary_mode == "latest",
         )
         codec = _codecs.build(
             self._compression,
@@ -519,6 +537,17 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
                 iterations=self._iterations,
                 codec=codec,
             )
+        self._boundary = _boundary.build(
+            self.add_optimizer_variables,
+            self.add_variable,
+            var_list,
+            self._boundary_mode,
+            period=self._period,
+            schedule=self._schedule,
+            stepped=self._stepped_variables,
+            index_of=index_of,
+        )
+        self._boundary.attach(strategy, self._model_state)
         self._bind_steering()
         self._bind_step(corrected=bool(self._correction) and n > 1)
         flight = _flight.build(
@@ -526,7 +555,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         )
         if flight is not None:
             object.__setattr__(self, "_flight", flight)
-            self._steering.before_vote = flight.land
+            self._steering.land = flight.land
         self._link_replica_state()
 
     def _bind_step(self, corrected: bool) -> None:
@@ -545,6 +574,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             drift=self._drift,
             schedule=self._schedule,
             slots=self._slots,
+            boundary=self._boundary,
             gamma=self._gamma,
             bytes_sent=self._bytes,
             local_steps=self._local_steps,
@@ -588,7 +618,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     def _link_replica_state(self) -> None:
         owners = [c for c in self._corrections if c is not None]
-        owners += self._codec.errors
+        owners += [*self._codec.errors, *self._boundary.stash]
         _replica_state.link(
             self._per_replica_state(), owners + self.inner_optimizer.variables
         )
@@ -602,12 +632,10 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         Call it once before training in a custom training loop, and call
         :meth:`average` before evaluating or saving.
         """
-        if not isinstance(model, keras.Model):
-            raise TypeError(
-                "`model` must be a keras.Model. Received: "
-                f"model={model!r} of type {type(model).__name__}"
-            )
+        _arguments.check_model(model)
         self._model_state = [v.value for v in _compat.averaged_model_state(model)]
+        if self.built:
+            self._boundary.attach(_compat.creation_strategy(self), self._model_state)
         self._attached = True
         # A recompiled model may train other variables (layers frozen or
         # unfrozen): the next traced step says which.
@@ -667,6 +695,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         """
         if not self.built:
             return False
+        if tf.executing_eagerly():
+            self.restore_own_weights()
         if tf.distribute.in_cross_replica_context():
             if not tf.executing_eagerly():
                 return self._averager.average_if_pending(tf.distribute.get_strategy())
@@ -679,22 +709,33 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         if self.local_steps_since_average == 0:
             return False
         with _compat.creation_strategy(self).scope():
-            return bool(self._eager_average_function()().numpy())
+            key = tuple(self._var_key(v) for v in self._stepped_variables())
+            return bool(self._averager.eager_average(key)().numpy())
 
-    def _eager_average_function(self):
-        """The compiled boundary average of the variables the steps update,
-        traced on first use (call it inside the strategy scope; tracing it
-        early keeps tracing out of timings)."""
-        key = tuple(self._var_key(v) for v in self._stepped_variables())
-        function = self._average_functions.get(key)
-        if function is None:
-            function = tf.function(
-                lambda: self._averager.average_if_pending(tf.distribute.get_strategy()),
-                autograph=False,
-            )
-            function.get_concrete_function()
-            self._average_functions[key] = function
-        return function
+    def show_latest_averages(self) -> None:
+        """Shows every fragment's latest average, with no communication.
+
+        Sets every replica's own weights aside and replaces them with the
+        weights of each fragment's latest average (the same on every
+        replica), and the model's BatchNorm statistics with their latest
+        average, so that evaluating, saving or reading the model sees an
+        averaged model without waiting for a full average. An average on
+        its way (``overlap >= 2``) lands first. Call `restore_own_weights`
+        before the next step (`SkipCorrectionCallback` does both with
+        ``boundary="latest"``). Eager only; needs ``boundary="latest"``.
+        """
+        _arguments.check_shows_latest(self._boundary_mode)
+        if self.built:
+            self._boundary.show(_compat.creation_strategy(self), self._flight)
+
+    def restore_own_weights(self) -> bool:
+        """Puts back every replica's own weights, which
+        `show_latest_averages` set aside. Returns False if the weights shown
+        were replaced meanwhile (`EarlyStopping` restoring its best ones):
+        those are kept and the replicas' own forgotten; else True."""
+        if not self.built:
+            return True
+        return self._boundary.restore(_compat.creation_strategy(self))
 
     def finalize_variable_values(self, var_list):
         self.average()
@@ -712,9 +753,8 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
         # What compression has not sent restarts from zero on another number
         # of replicas too.
         corrections += self._codec.errors
-        return _replica_state.per_replica(
-            self.variables, corrections, self._slots.slots()
-        )
+        apart = [*self._slots.slots(), *self._boundary.stash]
+        return _replica_state.per_replica(self.variables, corrections, apart)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         _flight.land_before_checkpoint(self._flight, save_type)
@@ -725,17 +765,12 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
             return  # no state yet: a model saved before training
         if self._flight is not None:
             self._flight.land()  # a save holds no average on its way
-
-        def value_of(v):
-            if v is self._interval_variable and self._steering.held:
-                return np.int64(self._steering.interval_outside_hold)
-            if v is self._schedule.full_at:
-                return np.int64(-1)  # set only for one execution
-            if v is self._schedule.hold:
-                return np.int64(0)
-            return v.numpy()
-
-        _replica_state.save(store, self.variables, self._per_replica_state(), value_of)
+        _replica_state.save(
+            store,
+            self.variables,
+            self._per_replica_state(),
+            self._steering.saved_value,
+        )
 
     def load_own_variables(self, store):
         if not self.built:
@@ -761,16 +796,7 @@ class SkipCorrectionOptimizer(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        outer = config.pop("outer_optimizer", None)
-        if outer is not None:
-            outer = keras.saving.deserialize_keras_object(
-                outer, custom_objects=custom_objects
-            )
-        return cls(inner, outer_optimizer=outer, **config)
+        return _arguments.from_config(cls, config, custom_objects)
 
 
 __all__ = ["SkipCorrectionOptimizer"]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 
@@ -71,9 +72,11 @@ class Steering:
         self._outside: int | None = None
         self._steps_to_next: Callable[[], int] | None = None
         self._may_hold: Callable[[int], bool] | None = None
-        #: Called before a vote is cast: lands a delayed average on its way,
-        #: whose landing would otherwise count the vote as this worker's own.
-        self.before_vote: Callable[[], object] = lambda: None
+        #: Lands a delayed average on its way, if any (eagerly). Called
+        #: before a vote is cast, whose landing would otherwise count the
+        #: vote as this worker's own, and before an epoch's averages are
+        #: counted.
+        self.land: Callable[[], object] = lambda: None
 
     def bind(
         self,
@@ -222,12 +225,36 @@ class Steering:
         write(t_comp, decision.t_comp)
         write(t_comm, decision.t_comm)
 
+    def decision(self):
+        """The recorded adaptive `IntervalDecision`, or None."""
+        decided, t_comp, t_comm = self._state("decision")
+        if not int(read(decided)):
+            return None
+        from keras_skip.adaptive import IntervalDecision
+
+        return IntervalDecision(
+            int(read(decided)), float(read(t_comp)), float(read(t_comm))
+        )
+
+    def saved_value(self, variable):
+        """What a checkpoint keeps of one of the optimizer's `variable`s: the
+        interval outside a hold, no full average set for an execution, and
+        no hold."""
+        state = self._variables
+        if variable is state["interval"] and self.held:
+            return np.int64(self.interval_outside_hold)
+        if variable is state["full_at"]:
+            return np.int64(-1)
+        if variable is state["hold"]:
+            return np.int64(0)
+        return variable.numpy()
+
     def vote_stop(self, vote: bool = True) -> None:
         """Sets this worker's stop vote, which the next synchronization
         carries to every worker (does nothing with a single worker)."""
         votes = self._state("votes")
         if votes:
-            self.before_vote()
+            self.land()
         for v in votes:
             write(v, 1.0 if vote else 0.0)
 

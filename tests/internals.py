@@ -45,7 +45,7 @@ def full_average_step(optimizer) -> int:
 
 def separate_average_functions(optimizer) -> dict:
     """The average functions traced outside the train function, by key."""
-    return optimizer._average_functions
+    return optimizer._averager.functions
 
 
 def delay_averages(optimizer, seconds: float) -> None:

@@ -453,6 +453,31 @@ def test_stream_methods_average_fragments_and_say_so():
         assert model.optimizer.overlap == overlap
 
 
+def test_latest_methods_end_epochs_with_the_latest_averages():
+    """The methods ending in -latest build the optimizer with
+    boundary="latest" and say so in their labels; the others keep "full"."""
+    import tensorflow as tf
+
+    from keras_skip.bench import methods
+    from keras_skip.bench.workers import worker
+
+    args = harness.build_parser().parse_args(
+        ["--methods", "outer-compress-stream-latest", "outer-compress"]
+    )
+    labels = {name: label for name, label, _ in methods.method_plan(args)}
+    assert "latest averages at epoch ends" in labels["outer-compress-stream-latest"]
+    assert "latest" not in labels["outer-compress"]
+    config = {**worker.DEFAULTS, **harness._worker_config(args)}
+    strategy = tf.distribute.get_strategy()
+    for method, boundary, fragments in [
+        ("outer-compress-stream-latest", "latest", 2),
+        ("outer-compress", "full", 1),
+    ]:
+        model, _ = worker.build({**config, "method": method}, strategy)
+        assert model.optimizer.boundary == boundary
+        assert model.optimizer.fragments == fragments
+
+
 def test_delayed_stream_methods_need_two_overlap_steps(capsys):
     """A fragment's average is delayed or not overlapped at all: a method
     with stream and overlap at --overlap-steps 1 is a usage error."""

@@ -265,6 +265,24 @@ def test_delayed_streaming_averages_on_two_workers_equal_two_mirrored_replicas(
 
 
 @pytest.mark.slow
+def test_latest_boundary_on_two_workers_equals_two_mirrored_replicas(tmp_path):
+    """boundary="latest" with two delayed fragments in bfloat16: no full
+    average at the epochs' ends (the delayed average on its way lands
+    there), each worker shows its latest averages and goes on from its own
+    weights, as two mirrored replicas do; `fit` ends with a full average."""
+    config = dict(
+        interval=8,
+        fragments=2,
+        overlap=2,
+        compression="bfloat16",
+        momentum=0.5,
+        epochs=3,
+        boundary="latest",
+    )
+    assert_two_workers_equal_two_mirrored_replicas(tmp_path, config, "boundary", "full")
+
+
+@pytest.mark.slow
 def test_mixed_float16_overflow_on_one_worker_is_skipped_by_both(tmp_path):
     # 256 samples / (2 x 8) = 16 steps per epoch; worker 1 overflows at step 5.
     config = dict(

@@ -15,7 +15,9 @@ def _get_metrics_result_or_logs(self, logs):
     optimizer = skip_optimizer(getattr(self, "optimizer", None))
     if optimizer is None:
         return type(self)._get_metrics_result_or_logs(self, logs)
-    optimizer.average()
+    if not optimizer.showing_latest_averages:
+        # An epoch whose end no batch could tell (data of unknown length).
+        optimizer.average()
     strategy = self.distribute_strategy
     if not is_multi_worker(strategy):
         return type(self)._get_metrics_result_or_logs(self, logs)

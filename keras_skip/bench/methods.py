@@ -78,6 +78,8 @@ def _option_label(method: str, args: argparse.Namespace) -> str:
         )
     if "stream" in method:
         parts.append(f"{getattr(args, 'fragments', 2)} fragments")
+    if method.endswith("-latest"):
+        parts.append("latest averages at epoch ends")
     return f"skip+correction, {', '.join(parts)} (interval {args.interval})"
 
 

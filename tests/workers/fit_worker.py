@@ -33,6 +33,7 @@ DEFAULTS = {
     "group_size": None,
     "overlap": False,
     "fragments": 1,
+    "boundary": "full",
     "local_devices": 1,  # logical CPU devices (replicas) of each worker
     "width": 16,  # units of the hidden layer
     "overflow_step": None,  # this worker's activations are inf at this step
@@ -210,6 +211,7 @@ def build_model(config, strategy):
                 group_size=config["group_size"],
                 overlap=config["overlap"],
                 fragments=config["fragments"],
+                boundary=config["boundary"],
                 optimizer_state=config["optimizer_state"],
             )
         else:

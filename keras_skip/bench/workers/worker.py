@@ -18,7 +18,8 @@ import time
 DEFAULTS = {
     # sync, local, skip, adaptive, adacomm, nocomm, solo, and the options:
     # outer, compress, outer-compress, overlap, outer-compress-overlap, stream,
-    # outer-compress-stream, outer-compress-overlap-stream
+    # outer-compress-stream, outer-compress-overlap-stream, and those with
+    # -latest (boundary="latest")
     "method": "skip",
     "workload": "mlp",  # mlp, mlp-noniid, cnn
     "hidden": [1024, 1024],
@@ -54,6 +55,10 @@ OPTION_METHODS = (
     "stream",
     "outer-compress-stream",
     "outer-compress-overlap-stream",
+    "outer-compress-latest",
+    "outer-compress-overlap-latest",
+    "outer-compress-stream-latest",
+    "outer-compress-overlap-stream-latest",
 )
 
 #: An interval that never comes: the no-communication bound averages nothing.
@@ -119,6 +124,7 @@ def build(config, strategy):
                 measure_drift=config["measure_drift"],
                 overlap=config["overlap_steps"] if "overlap" in method else False,
                 fragments=config["fragments"] if "stream" in method else 1,
+                boundary="latest" if method.endswith("-latest") else "full",
             )
         model.compile(
             optimizer=optimizer,
