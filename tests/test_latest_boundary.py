@@ -67,6 +67,22 @@ def run(make_keras, make_outer=None, **skip):
     return model, optimizer, shown
 
 
+def expect(make_reference, optimizer, steps, boundaries=(), **skip):
+    """The reference's run of `steps` steps (correction 1) with the
+    optimizer's fragments, a full average after `boundaries` only, and a
+    delayed average on its way landing at each epoch's end."""
+    count = optimizer.fragments
+    return reference(
+        make_reference(),
+        steps=steps,
+        boundaries=boundaries,
+        landings=ENDS,
+        correction=1.0,
+        fragments=internals.fragments(optimizer) if count > 1 else 1,
+        **skip,
+    )
+
+
 def last_average(interval, count, fragment, steps):
     """The step count after which `fragment`'s latest average (of a run
     with no full average) was taken, or 0."""
@@ -93,14 +109,7 @@ def test_an_epoch_shows_each_fragments_latest_average_and_training_goes_on(
     parts = internals.fragments(optimizer) if count > 1 else [np.arange(7)]
 
     def expected(steps, boundaries=()):
-        return reference(
-            make_reference(),
-            steps=steps,
-            boundaries=boundaries,
-            interval=interval,
-            correction=1.0,
-            fragments=parts if count > 1 else 1,
-        )
+        return expect(make_reference, optimizer, steps, boundaries, interval=interval)
 
     final = expected(STEPS, boundaries=(STEPS,))
     assert_relative(weights_of(model), final.x)
@@ -153,17 +162,14 @@ def test_latest_boundary_with_overlap_compression_and_outer_matches_reference(
     model, optimizer, shown = run(
         make_keras, make_outer=make_outer, boundary="latest", **skip
     )
-    parts = internals.fragments(optimizer) if count > 1 else 1
 
     def expected(steps, boundaries=()):
-        return reference(
-            make_reference(),
-            steps=steps,
-            boundaries=boundaries,
-            landings=ENDS,
+        return expect(
+            make_reference,
+            optimizer,
+            steps,
+            boundaries,
             interval=interval,
-            correction=1.0,
-            fragments=parts,
             overlap=overlap,
             compression=compression,
             **extra,
