@@ -126,6 +126,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="local steps an average runs beside (the optimizer's overlap=k)",
     )
     skip.add_argument(
+        "--fragments",
+        type=options.positive_int,
+        default=1,
+        help="fragments averaged on their own schedules (the optimizer's fragments)",
+    )
+    skip.add_argument(
+        "--boundary",
+        choices=("full", "latest"),
+        default="full",
+        help="what ends an epoch (the optimizer's boundary): a full average, or "
+        "none (the latest averages are shown)",
+    )
+    skip.add_argument(
         "--target-ratio",
         type=options.positive_float,
         default=1.0,
@@ -228,6 +241,8 @@ def run(
             compression=None if args.compression == "none" else args.compression,
             slot_copies=args.slot_copies,
             overlap=args.overlap,
+            fragments=args.fragments,
+            boundary=args.boundary,
             overlap_share=args.overlap_share,
             target_ratio=args.target_ratio,
             max_interval=args.max_interval,
@@ -273,6 +288,8 @@ def _report(result: planner.Plan, args: argparse.Namespace, measured) -> dict:
         ),
         "workload": dataclasses.asdict(result.workload),
         "adaptive": args.interval is None,
+        "fragments": args.fragments,
+        "boundary": args.boundary,
         "synchronous": dataclasses.asdict(result.synchronous),
         "skip": dataclasses.asdict(result.skip),
         "speedup": result.speedup,
@@ -282,6 +299,15 @@ def _report(result: planner.Plan, args: argparse.Namespace, measured) -> dict:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _ending(report: dict) -> str:
+    """How the epoch ends, for the report's last line."""
+    skip = report["skip"]
+    steps = report["workload"]["steps_per_epoch"]
+    if report["boundary"] == "latest" and steps >= skip["interval"]:
+        return ", none at the epoch's end: it shows the latest averages"
+    return ", the last at the epoch's end"
 
 
 def _megabytes(nbytes: float) -> str:
@@ -318,7 +344,7 @@ def format_report(report: dict) -> str:
     lines += [
         "",
         f"One all-reduce of the gradients: {gradients:.4g} s; one average: "
-        f"{skip['all_reduce_seconds']:.4g} s ({skip['all_reduces_per_epoch']} an "
-        "epoch, the last at the epoch's end).",
+        f"{skip['all_reduce_seconds']:.4g} s ({skip['all_reduces_per_epoch']:.4g} "
+        f"an epoch{_ending(report)}).",
     ]
     return "\n".join(lines)

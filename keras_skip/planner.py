@@ -28,6 +28,14 @@ The model (``docs/planner.md`` derives it and shows where it was checked):
   Adam's slots). With ``overlap`` steps, an average other than the
   boundary one runs beside up to that many local steps, which hide
   ``overlap_share`` of the shorter of the two.
+- With ``fragments=F`` each interval average sends one fragment, ``1/F`` of
+  the payload, and fragment ``j`` falls due ``(j + 1) * interval // F``
+  steps after the epoch's start, then every ``interval`` steps: ``F`` times
+  the averages, each with the ring's latency and overhead terms.
+- With ``boundary="latest"`` no average ends the epoch: the schedule runs
+  across epochs, ``F * steps_per_epoch / interval`` averages an epoch on
+  average, every one of them overlappable. An epoch shorter than the
+  interval still ends with the full average.
 - The adaptive interval is :func:`keras_skip.maths.adaptive_interval` of the
   predicted average and step times, as the callback computes it from its
   measurements.
@@ -186,9 +194,11 @@ class Prediction:
         communication_seconds: The epoch's all-reduces, before overlap.
         hidden_seconds: The part of ``communication_seconds`` that overlap
             hides behind local steps.
-        all_reduces_per_epoch: All-reduces an epoch (gradients or averages).
+        all_reduces_per_epoch: All-reduces an epoch (gradients or averages;
+            a mean over epochs with ``boundary="latest"``).
         bytes_per_step: Bytes each worker sends per local step, on average.
-        all_reduce_seconds: Seconds of one of its all-reduces.
+        all_reduce_seconds: Seconds of one of its all-reduces (with
+            fragments, of one fragment's average).
     """
 
     method: str
@@ -197,7 +207,7 @@ class Prediction:
     compute_seconds: float
     communication_seconds: float
     hidden_seconds: float
-    all_reduces_per_epoch: int
+    all_reduces_per_epoch: float
     bytes_per_step: float
     all_reduce_seconds: float
 
@@ -267,16 +277,23 @@ def skip(
     overlap_share: float = OVERLAP_SHARE,
     target_ratio: float = 1.0,
     max_interval: int = 64,
+    fragments: int = 1,
+    boundary: str = "full",
 ) -> Prediction:
     """keras-skip at ``interval`` (None: the adaptive callback's choice).
 
     ``slot_copies``: the inner optimizer's slots each average sends, in
     copies of the model (:func:`payload_bytes`). ``overlap`` is the number
     of local steps an average runs beside (the optimizer's ``overlap=k``; 0
-    for none).
+    for none). ``fragments`` and ``boundary``: the optimizer's.
     """
     workers = _count("workers", workers)
     overlap = _count("overlap", overlap, minimum=0)
+    fragments = _count("fragments", fragments)
+    if boundary not in ("full", "latest"):
+        raise ValueError(
+            f"`boundary` must be 'full' or 'latest'. Received: boundary={boundary!r}"
+        )
     _positive("overlap_share", overlap_share, strict=False)
     if overlap_share > 1:
         raise ValueError(
@@ -292,13 +309,31 @@ def skip(
             interval = maths.adaptive_interval(
                 all_reduce, workload.step_time, target_ratio, max_interval
             )
+            if interval > 1:  # as the optimizer raises it
+                interval = max(interval, fragments)
     interval = _count("interval", interval)
+    if interval == 1:
+        fragments = 1  # synchronous steps: the gradients, whole
+    offsets = maths.fragment_offsets(interval, fragments)
     steps = workload.steps_per_epoch
-    averages = math.ceil(steps / interval) if workers > 1 else 0
-    communication = averages * all_reduce
-    hideable = min(all_reduce, overlap * workload.step_time) * overlap_share
-    hidden = max(averages - 1, 0) * hideable
+    part = payload / fragments
+    part_reduce = link.all_reduce_seconds(part, workers)
+    if workers == 1:
+        averages, full = 0.0, 0
+    elif boundary == "latest" and steps >= interval:
+        averages, full = fragments * steps / interval, 0
+    else:
+        # The interval's averages before the epoch's last step, then the
+        # full boundary average (which takes the place of one due there).
+        averages = float(
+            sum(max(math.ceil((steps - o) / interval), 0) for o in offsets)
+        )
+        full = 1
+    communication = averages * part_reduce + full * all_reduce
+    hidden = averages * min(part_reduce, overlap * workload.step_time) * overlap_share
     compute = steps * workload.step_time
+    sent = averages * ring_bytes_sent(part, workers)
+    sent += full * ring_bytes_sent(payload, workers)
     return Prediction(
         method="keras-skip",
         interval=interval,
@@ -306,9 +341,9 @@ def skip(
         compute_seconds=compute,
         communication_seconds=communication,
         hidden_seconds=hidden,
-        all_reduces_per_epoch=averages,
-        bytes_per_step=averages * ring_bytes_sent(payload, workers) / steps,
-        all_reduce_seconds=all_reduce,
+        all_reduces_per_epoch=averages + full,
+        bytes_per_step=sent / steps,
+        all_reduce_seconds=part_reduce,
     )
 
 

@@ -593,6 +593,84 @@ def test_a_peer_dead_while_a_delayed_average_flies_is_a_clear_error(
     )
 
 
+@pytest.mark.slow
+def test_a_peer_dead_while_a_fragment_flies_is_a_clear_error(tmp_path):
+    """2 fragments delayed over 3 steps at interval 4: fragment 0's average
+    after step 2 completes; worker 1 sleeps before its 4th step and is
+    killed, so fragment 1's copy after step 4 flies alone. Worker 0 takes
+    step 5 beside it, then fails when it must land before step 6, where
+    fragment 0 falls due again."""
+    result = run_workers(
+        tmp_path,
+        2,
+        timeout=120,
+        interval=4,
+        fragments=2,
+        overlap=3,
+        epochs=2,
+        peer_timeout=2.0,
+        workers={"1": {"delay": [3, 60]}},
+        kill=launcher.Kill(worker=1, when="STEP 3", delay=1.0),
+    )
+    assert not result.timed_out, result.failure_report()
+    survivor = result.workers[0]
+    assert survivor.returncode != 0
+    assert "peer worker stopped or became unreachable" in survivor.log
+    assert "STEP 5" in survivor.log and "STEP 6" not in survivor.log
+    assert survivor.seconds - result.killed_at < 20, (
+        survivor.seconds,
+        result.killed_at,
+    )
+
+
+@pytest.mark.slow
+def test_fragments_with_two_devices_per_worker_equal_four_mirrored_replicas(
+    tmp_path,
+):
+    """2 workers of 2 devices, 2 fragments delayed over 2 steps and epochs
+    that end with the latest averages: the same as 4 mirrored replicas of
+    one process."""
+    config = dict(
+        interval=8,
+        fragments=2,
+        overlap=2,
+        momentum=0.5,
+        epochs=2,
+        boundary="latest",
+    )
+    result = run_workers(tmp_path, 2, local_devices=2, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    assert all(r["threaded"] for r in results)
+    assert_workers_agree(results)
+    # Worker w's device d trains on slot 2d + w of each global batch.
+    weights, _ = mirrored_reference(4, slots=[0, 2, 1, 3], **config)
+    np.testing.assert_allclose(results[0]["weights"], weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_fragments_with_data_of_unknown_length_end_epochs_with_a_full_average(
+    tmp_path,
+):
+    """Over a dataset of unknown length no batch knows it ends the epoch:
+    with boundary="latest" each epoch still ends with a full average, as
+    two mirrored replicas with boundary="full" end theirs."""
+    config = dict(
+        interval=4,
+        fragments=2,
+        momentum=0.5,
+        epochs=2,
+        dataset="unknown",
+        boundary="latest",
+    )
+    result = run_workers(tmp_path, 2, timeout=120, **config)
+    assert result.ok, result.failure_report()
+    results = outputs(tmp_path, 2)
+    assert_workers_agree(results)
+    full, _ = mirrored_reference(2, **{**config, "dataset": True, "boundary": "full"})
+    np.testing.assert_allclose(results[0]["weights"], full, rtol=1e-5, atol=1e-6)
+
+
 #: Worker 1 is killed in epoch 2: at its start, or (delayed averages,
 #: interval 4, 16 steps an epoch) asleep before its 36th step, whose copy
 #: worker 0 sends alone, so that the survivor fails with a mean in flight.

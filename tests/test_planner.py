@@ -7,7 +7,7 @@ import math
 import pathlib
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from keras_skip import cli, maths, plan_command, planner
@@ -78,8 +78,13 @@ links = st.builds(
     st.sampled_from([None, "bfloat16"]),
     st.integers(0, 64),
     st.floats(0, 1),
+    st.integers(1, 8),
+    st.sampled_from(["full", "latest"]),
 )
-def test_invariants(workload, link, workers, interval, compression, overlap, share):
+def test_invariants(
+    workload, link, workers, interval, compression, overlap, share, fragments, boundary
+):
+    assume(interval is None or interval == 1 or interval >= fragments)
     sync = planner.synchronous(workload, workers, link)
     skip = planner.skip(
         workload,
@@ -89,6 +94,8 @@ def test_invariants(workload, link, workers, interval, compression, overlap, sha
         compression=compression,
         overlap=overlap,
         overlap_share=share,
+        fragments=fragments,
+        boundary=boundary,
     )
     compute = workload.steps_per_epoch * workload.step_time
     assert sync.compute_seconds == skip.compute_seconds == pytest.approx(compute)
@@ -114,9 +121,57 @@ def test_invariants(workload, link, workers, interval, compression, overlap, sha
     )
 
 
+def test_streaming_and_latest_averages_by_hand():
+    """2 fragments at interval 16 on epochs of 31 steps: fragment 0 falls due
+    after steps 8 and 24, fragment 1 after step 16, then the full boundary
+    average; with boundary="latest" the schedule runs across epochs, 2 * 31
+    / 16 averages of half the model an epoch, every one overlappable."""
+    link = planner.Link.from_text("100mbit", "10ms")
+    workload = planner.Workload(params=1_000_000, step_time=0.02, steps_per_epoch=31)
+    whole = link.all_reduce_seconds(4e6, 4)
+    half = link.all_reduce_seconds(2e6, 4)
+    streamed = planner.skip(workload, 4, link, interval=16, fragments=2)
+    assert streamed.all_reduces_per_epoch == 4
+    assert streamed.communication_seconds == pytest.approx(3 * half + whole)
+    assert streamed.all_reduce_seconds == pytest.approx(half)
+    latest = planner.skip(
+        workload, 4, link, interval=16, fragments=2, boundary="latest", overlap=4
+    )
+    assert latest.all_reduces_per_epoch == pytest.approx(2 * 31 / 16)
+    assert latest.communication_seconds == pytest.approx(2 * 31 / 16 * half)
+    hidden = 2 * 31 / 16 * min(half, 4 * 0.02) * planner.OVERLAP_SHARE
+    assert latest.hidden_seconds == pytest.approx(hidden)
+    assert latest.epoch_seconds == pytest.approx(
+        31 * 0.02 + 2 * 31 / 16 * half - hidden
+    )
+    # The same bytes as one fragment's latest averages; more latency terms.
+    one = planner.skip(workload, 4, link, interval=16, boundary="latest")
+    assert latest.bytes_per_step == pytest.approx(one.bytes_per_step)
+    assert latest.communication_seconds > one.communication_seconds
+    # An epoch shorter than the interval still ends with the full average.
+    short = planner.skip(workload, 4, link, interval=32, boundary="latest")
+    assert short == planner.skip(workload, 4, link, interval=32)
+    # The adaptive interval is raised to the fragments, as the optimizer does.
+    slow = planner.Workload(params=1_000_000, step_time=0.4, steps_per_epoch=31)
+    assert planner.skip(slow, 4, link).interval == 2
+    assert planner.skip(slow, 4, link, fragments=4).interval == 4
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
+        (
+            lambda: planner.skip(
+                planner.Workload(10, 0.1, 10), 2, _link(), boundary="stream"
+            ),
+            "`boundary` must be 'full' or 'latest'. Received: boundary='stream'",
+        ),
+        (
+            lambda: planner.skip(
+                planner.Workload(10, 0.1, 10), 2, _link(), interval=3, fragments=4
+            ),
+            "`fragments` must be at most the interval (3)",
+        ),
         (lambda: planner.Workload(0, 0.1, 10), "`params` must be an integer >= 1"),
         (lambda: planner.Workload(10, -1.0, 10), "`step_time` must be a finite"),
         (lambda: planner.Workload(10, 0.1, 0), "`steps_per_epoch` must be"),
@@ -291,6 +346,22 @@ def test_plan_command_prints_the_prediction(capsys):
     assert report["skip"]["interval"] == 8
     assert report["skip"]["all_reduces_per_epoch"] == math.ceil(31 / 8)
     assert report["adaptive"] is False
+
+
+def test_plan_command_takes_fragments_and_the_boundary(capsys):
+    argv = [
+        *("plan", "--params", "1863690", "--step-time", "0.0358"),
+        *("--steps-per-epoch", "31", "--workers", "4", "--bandwidth", "100mbit"),
+        *("--interval", "16", "--fragments", "2", "--boundary", "latest"),
+    ]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "3.875 an epoch, none at the epoch's end" in text
+    report = cli_report(
+        ["--interval", "16", "--fragments", "2", "--boundary", "latest"]
+    )
+    assert report["fragments"] == 2 and report["boundary"] == "latest"
+    assert report["skip"]["all_reduces_per_epoch"] == pytest.approx(2 * 100 / 16)
 
 
 def test_plan_command_counts_a_saved_models_values(tmp_path, capsys):

@@ -68,11 +68,14 @@ def _steps(method: dict) -> int:
     return method["epochs"][0]["iterations"]
 
 
-def _checked(name: str) -> bool:
-    """Whether the planner predicts method `name`: not a run that measures
-    the inputs, nor streaming averages (fragments) or epochs that end with
-    the latest averages, which are not in its model."""
-    return name not in _INPUTS and "stream" not in name and not name.endswith("-latest")
+def _params(run: dict) -> int:
+    """The model's trainable values: the payload of an average of the whole
+    model (a method without fragments), in its wire type."""
+    for method in run["methods"]:
+        if method["synchronizations"] and "stream" not in method["name"]:
+            width = 2 if "compress" in method["name"] else 4
+            return method["payload_bytes"] // method["synchronizations"] // width
+    raise ValueError("a run needs a method that averages the whole model")
 
 
 def _family(run: dict) -> tuple[str, int]:
@@ -100,10 +103,7 @@ def checks(directory: str | pathlib.Path, **constants) -> list[Check]:
     by_family: dict[tuple[str, int], list[float]] = {}
     for run in runs.values():
         step_time = _step_time(run)
-        # Only runs the planner is checked against calibrate it: a run of
-        # methods outside its model leaves the other runs' inputs as they are.
-        checked = any(_checked(m["name"]) for m in run["methods"])
-        if step_time is not None and checked:
+        if step_time is not None:
             by_family.setdefault(_family(run), []).append(step_time)
     result = []
     for name, run in runs.items():
@@ -116,13 +116,12 @@ def checks(directory: str | pathlib.Path, **constants) -> list[Check]:
             arguments["bandwidth"], arguments["latency"], **constants
         )
         for method in run["methods"]:
-            if not _checked(method["name"]):
+            label = method["name"]
+            if label in _INPUTS:
                 continue
             compressed = "compress" in method["name"]
             workload = planner.Workload(
-                params=method["payload_bytes"]
-                // method["synchronizations"]
-                // (2 if compressed else 4),
+                params=_params(run),
                 step_time=step_time,
                 steps_per_epoch=_steps(method),
             )
@@ -138,6 +137,8 @@ def checks(directory: str | pathlib.Path, **constants) -> list[Check]:
                     compression=arguments.get("compression") if compressed else None,
                     overlap=(arguments.get("overlap_steps") or 1) if overlap else 0,
                     overlap_share=overlap_share,
+                    fragments=arguments["fragments"] if "stream" in label else 1,
+                    boundary="latest" if label.endswith("-latest") else "full",
                 )
             result.append(
                 Check(
