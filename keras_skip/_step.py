@@ -157,20 +157,24 @@ class Step:
     def __call__(self, distribution, sync_grads, local_grads, variables, lr):
         """Takes the step (cross-replica context); returns whether an
         interval average ran (a boolean tensor)."""
-        if self._only == SYNCHRONOUS:
-            return self.synchronous(distribution, sync_grads, variables, lr)
-        if self._only == LOCAL:
-            return self.local(distribution, local_grads, variables, lr)
-        is_synchronous = tf.logical_or(
-            self._interval.value <= 1,
-            self._iterations.value < self._warmup_steps,
-        )
-        return tf.cond(
-            is_synchronous,
-            lambda: self.synchronous(distribution, sync_grads, variables, lr),
-            lambda: self.local(distribution, local_grads, variables, lr),
-            name="synchronous_step",
-        )
+        # A train function whose input ran out (the end of an epoch of
+        # unknown length) still runs every op that does not wait for the
+        # data: without this, the counters took a step that never happened.
+        with tf.control_dependencies(_updates.tensors_of(distribution, local_grads)):
+            if self._only == SYNCHRONOUS:
+                return self.synchronous(distribution, sync_grads, variables, lr)
+            if self._only == LOCAL:
+                return self.local(distribution, local_grads, variables, lr)
+            is_synchronous = tf.logical_or(
+                self._interval.value <= 1,
+                self._iterations.value < self._warmup_steps,
+            )
+            return tf.cond(
+                is_synchronous,
+                lambda: self.synchronous(distribution, sync_grads, variables, lr),
+                lambda: self.local(distribution, local_grads, variables, lr),
+                name="synchronous_step",
+            )
 
     def synchronous(self, distribution, grads, variables, lr):
         """All-reduces the gradients (and any stop vote) and takes the inner

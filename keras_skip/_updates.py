@@ -43,6 +43,18 @@ def when(distribution, pred, fn, variables, dtypes=()) -> list:
     return values
 
 
+def tensors_of(distribution, values) -> list:
+    """Every replica's tensors of the distributed `values` (gradients, None
+    skipped), for ops that must wait for them."""
+    tensors = []
+    for value in values:
+        if value is None:
+            continue
+        for part in distribution.experimental_local_results(value):
+            tensors.append(part.values if isinstance(part, tf.IndexedSlices) else part)
+    return tensors
+
+
 def bytes(variables) -> int:
     """Bytes of the values of these variables (a dense payload)."""
     return sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size for v in variables)

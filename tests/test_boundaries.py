@@ -143,6 +143,48 @@ def test_dataset_of_unknown_length_still_averages_at_each_epoch():
     assert model.optimizer.averages_performed == 2
 
 
+def flat(variables) -> np.ndarray:
+    """Every replica's copy of every variable, in one vector."""
+    return np.concatenate([c.ravel() for v in variables for c in components(v)])
+
+
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_data_of_unknown_length_trains_as_data_of_known_length(fragments):
+    """The call of the train function that finds the input exhausted (the
+    end of an epoch of unknown length) takes no step: before, it counted
+    one (its local step and learning rate) without moving the weights, so
+    the boundary average scaled the corrections by a learning rates' sum one
+    step too long. Interval 3 on epochs of 8 steps leaves 2 steps of each
+    epoch to the boundary average."""
+    x, y = data()
+    known = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    unknown = known.filter(lambda a, b: True)
+    assert unknown.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    states = []
+    for dataset in (known, unknown):
+        model = new_model(mirrored(4), interval=3, fragments=fragments)
+        model.fit(
+            dataset,
+            epochs=2,
+            verbose=0,
+            callbacks=[keras_skip.SkipCorrectionCallback()],
+        )
+        optimizer = model.optimizer
+        states.append(
+            (
+                flat(model.trainable_variables),
+                flat(internals.corrections(optimizer)),
+                optimizer.averages_performed,
+                internals.gamma(optimizer),
+            )
+        )
+    (weights, corrections, averages, gamma), other = states
+    np.testing.assert_allclose(other[0], weights, rtol=1e-6, atol=1e-7)
+    assert np.abs(corrections).max() > 1e-3
+    np.testing.assert_allclose(other[1], corrections, rtol=1e-6, atol=1e-7)
+    assert (other[2], other[3]) == (averages, gamma)
+
+
 def test_steps_per_execution_with_validation():
     x, y = data()
     model = new_model(mirrored(4), steps_per_execution=3, interval=2)
