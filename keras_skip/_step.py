@@ -157,29 +157,29 @@ class Step:
     def __call__(self, distribution, sync_grads, local_grads, variables, lr):
         """Takes the step (cross-replica context); returns whether an
         interval average ran (a boolean tensor)."""
-        # A train function whose input ran out (the end of an epoch of
-        # unknown length) still runs every op that does not wait for the
-        # data: without this, the counters took a step that never happened.
-        with tf.control_dependencies(_updates.tensors_of(distribution, local_grads)):
-            if self._only == SYNCHRONOUS:
-                return self.synchronous(distribution, sync_grads, variables, lr)
-            if self._only == LOCAL:
-                return self.local(distribution, local_grads, variables, lr)
-            is_synchronous = tf.logical_or(
-                self._interval.value <= 1,
-                self._iterations.value < self._warmup_steps,
-            )
-            return tf.cond(
-                is_synchronous,
-                lambda: self.synchronous(distribution, sync_grads, variables, lr),
-                lambda: self.local(distribution, local_grads, variables, lr),
-                name="synchronous_step",
-            )
+        if self._only == SYNCHRONOUS:
+            return self.synchronous(distribution, sync_grads, variables, lr)
+        if self._only == LOCAL:
+            return self.local(distribution, local_grads, variables, lr)
+        is_synchronous = tf.logical_or(
+            self._interval.value <= 1,
+            self._iterations.value < self._warmup_steps,
+        )
+        return tf.cond(
+            is_synchronous,
+            lambda: self.synchronous(distribution, sync_grads, variables, lr),
+            lambda: self.local(distribution, local_grads, variables, lr),
+            name="synchronous_step",
+        )
 
     def synchronous(self, distribution, grads, variables, lr):
         """All-reduces the gradients (and any stop vote) and takes the inner
         optimizer's step on their mean, after averaging whatever differs
         between the replicas. Returns False: no interval average."""
+        with _after_the_data(distribution, grads):
+            return self._synchronous_step(distribution, grads, variables, lr)
+
+    def _synchronous_step(self, distribution, grads, variables, lr):
         self._averager.average_if_pending(distribution, include_slots=True)
         n = distribution.num_replicas_in_sync
         extended = distribution.extended
@@ -213,18 +213,29 @@ class Step:
         _compat.optimizer_step(self._inner, distribution, grads, variables, lr)
         corrections = [tf_variable(c) for c in averager.own_corrections(tf_variables)]
         self._correct(distribution, tf_variables, corrections, lr)
-        distribution.extended.update(
-            self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
-        )
-        local_steps = self._local_steps.value.assign_add(1)
-        if distribution.num_replicas_in_sync > 1:
-            self._slots.after_local_step(self._slots.slots())
-        self._schedule.count_step(distribution, lr)
-        return self._schedule.after_step(
-            sent,
-            local_steps,
-            lambda fragment=None: averager.average(distribution, fragment=fragment),
-            lambda sent, fragment=None: averager.average_overlapped(
-                distribution, sent, lr, fragment
-            ),
-        )
+        # An overlapped average's all-reduce, started above, waits for none
+        # of the step; what follows counts the step, so it waits for it.
+        with _after_the_data(distribution, grads):
+            distribution.extended.update(
+                self._gamma.value, _updates.add_learning_rate, args=(lr,), group=False
+            )
+            local_steps = self._local_steps.value.assign_add(1)
+            if distribution.num_replicas_in_sync > 1:
+                self._slots.after_local_step(self._slots.slots())
+            self._schedule.count_step(distribution, lr)
+            return self._schedule.after_step(
+                sent,
+                local_steps,
+                lambda fragment=None: averager.average(distribution, fragment=fragment),
+                lambda sent, fragment=None: averager.average_overlapped(
+                    distribution, sent, lr, fragment
+                ),
+            )
+
+
+def _after_the_data(distribution, grads):
+    """Ops created inside wait for the gradients. A train function whose
+    input ran out (the end of an epoch of unknown length) still runs every
+    op that does not wait for the data: without this, the counters took a
+    step that never happened."""
+    return tf.control_dependencies(_updates.tensors_of(distribution, grads))
