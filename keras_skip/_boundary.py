@@ -143,9 +143,9 @@ class LatestAverages(FullBoundary):
     def _fragments(self):
         """``(moved, variables)`` per fragment of the variables the steps update."""
         schedule, stepped = self._schedule, self._stepped()
-        count = getattr(schedule, "count", None)
-        parts = [None] if count is None else range(count)
-        return [(schedule.moved(j), schedule.weights(stepped, j)) for j in parts]
+        return [
+            (schedule.moved(j), schedule.weights(stepped, j)) for j in schedule.parts()
+        ]
 
     def _show(self, distribution):
         update = distribution.extended.update

@@ -161,9 +161,12 @@ class Flight:
                 "length in full batches"
             )
             return
+        # Before any train function traces, even one that cannot delay now:
+        # a function traced without the buffers never copies an average (the
+        # adaptive probe's held rounds, an interval raised later).
+        self._create_buffers()
         interval = int(read(self._interval))
         if interval > steps_per_execution:
-            self._create_buffers()
             # The graph copies an average only if none of the next
             # `steps_per_execution` steps could need it landed.
             write(self._schedule.armed, steps_per_execution)
@@ -186,8 +189,7 @@ class Flight:
 
     def _create_buffers(self) -> None:
         """The payload's buffers, once (eagerly). A train function traced
-        before they existed takes no copies (it averages after the step);
-        the next trace will."""
+        before they existed takes no copies (it averages after the step)."""
         buffers: _overlap.Buffers = self._schedule.buffers
         if buffers.ready:
             return

@@ -65,6 +65,9 @@ class Sequential:
     #: With fragments: the variable that holds the fragments' averages while
     #: the interval is held (`_streaming.Streaming`); None here.
     hold = None
+    #: With fragments: while a train function traces, whether every step it
+    #: runs is held (`_streaming.Streaming.after_step`); None here.
+    traced_hold = None
     #: Whether due averages may be copied and sent later (`_flight.Flight`).
     delays = False
 
@@ -80,6 +83,11 @@ class Sequential:
         """The local steps the weights hold that no average has included, on
         top of the counter (eagerly)."""
         return 0 if self.carried is None else int(self.carried.numpy())
+
+    def parts(self) -> list:
+        """The `fragment` values the per-fragment hooks take: None alone here
+        (the whole payload), each fragment's index with fragments."""
+        return [None]
 
     def moved(self, fragment=None):
         """Whether the weights moved since the last average (a boolean tensor)."""

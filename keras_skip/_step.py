@@ -28,6 +28,11 @@ from keras_skip.steering import read, tf_variable
 
 #: The branches an execution's steps can all take (`branch_of_execution`).
 SYNCHRONOUS, LOCAL = "synchronous", "local"
+#: With fragments, a local step whose interval the host holds (its average
+#: is a full one) and one whose interval it does not (the fragments fall due
+#: on their own), each traced alone (`Step.branch_of_next_execution`).
+LOCAL_HELD, LOCAL_FREE = "local, held", "local, not held"
+_BRANCHES = (None, SYNCHRONOUS, LOCAL, LOCAL_HELD, LOCAL_FREE)
 
 
 def branch_of_execution(
@@ -135,24 +140,38 @@ class Step:
 
     def branch_of_next_execution(self) -> str | None:
         """`branch_of_execution` for the next execution, from the counters
-        as they are now (read eagerly)."""
-        return branch_of_execution(
+        as they are now (read eagerly). With fragments, a local execution is
+        `LOCAL_HELD` or `LOCAL_FREE` after the schedule's `hold` variable,
+        which only the host writes between executions: a function traced
+        with one of them holds no condition on it and no path for the other
+        (the full average that ends a held interval, or the fragments')."""
+        branch = branch_of_execution(
             int(read(self._interval)), int(read(self._iterations)), self._warmup_steps
         )
+        hold = self._schedule.hold
+        if branch != LOCAL or hold is None:
+            return branch
+        return LOCAL_HELD if int(read(hold)) > 0 else LOCAL_FREE
 
     @contextlib.contextmanager
     def taking(self, branch: str | None):
-        """Within the block, a traced step takes only `branch` (`SYNCHRONOUS`
-        or `LOCAL`), or chooses with a condition (None)."""
-        if branch not in (None, SYNCHRONOUS, LOCAL):
-            raise ValueError(
-                f"branch must be None, {SYNCHRONOUS!r} or {LOCAL!r}; got {branch!r}."
-            )
-        before, self._only = self._only, branch
+        """Within the block, a traced step takes only `branch` (`SYNCHRONOUS`,
+        `LOCAL`, or with fragments `LOCAL_HELD` or `LOCAL_FREE`), or chooses
+        with a condition (None)."""
+        if branch not in _BRANCHES:
+            allowed = ", ".join(repr(b) for b in _BRANCHES[1:])
+            raise ValueError(f"branch must be None, {allowed}; got {branch!r}.")
+        schedule = self._schedule
+        hold = {LOCAL_HELD: True, LOCAL_FREE: False}.get(branch)
+        if hold is not None and schedule.hold is None:
+            raise ValueError(f"branch {branch!r} needs fragments.")
+        before = self._only, schedule.traced_hold
+        self._only = LOCAL if hold is not None else branch
+        schedule.traced_hold = hold
         try:
             yield
         finally:
-            self._only = before
+            self._only, schedule.traced_hold = before
 
     def __call__(self, distribution, sync_grads, local_grads, variables, lr):
         """Takes the step (cross-replica context); returns whether an

@@ -84,6 +84,15 @@ class Streaming(_overlap.Sequential):
     def count(self) -> int:
         return len(self.members)
 
+    def parts(self) -> list:
+        return list(range(self.count))
+
+    def may_hold(self, count: int) -> bool:
+        # A held execution runs a train function of its own, with the full
+        # average in place of the fragments' (`_step.LOCAL_HELD`): tracing
+        # it costs more than the boundary average after the execution.
+        return False
+
     def moved(self, fragment=None):
         if fragment is None:
             return super().moved()
@@ -207,6 +216,8 @@ class Streaming(_overlap.Sequential):
                 local_steps >= interval, average, _overlap.nothing, name="average_due"
             )
 
+        if self.traced_hold is not None:
+            return held() if self.traced_hold else fragments()
         return tf.cond(self.hold.value > 0, held, fragments, name="average_held")
 
     def after_average(self, overlapped: bool, fragment=None) -> None:
@@ -386,13 +397,6 @@ class StreamingDelayed(Streaming):
             or int(read(self.local)[fragment]) >= steps
             or self.steps_to_next_average() <= steps_per_execution
         )
-
-    def may_hold(self, count: int) -> bool:
-        # A held execution ends with a full average in the graph; the copy
-        # on its way must have landed before it (`must_land`), which the
-        # reference does only if it ran beside a step.
-        fragment = self._flying()
-        return fragment is None or int(read(self.local)[fragment]) + count >= 2
 
     def record_starts(self, period, distribution, variables) -> None:
         owner = self._fragments_of(variables)

@@ -40,6 +40,11 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
     `steps_per_execution`: averages happen inside the train function every
     `interval` local steps, wherever the execution boundaries fall.
 
+    With `overlap` or `fragments` the rounds' averages are full and blocking
+    (a held interval overlaps nothing), so `t_comm` is the whole wire time
+    and the decision is the one without overlap: it does not count what
+    overlap would hide.
+
     It includes everything `SkipCorrectionCallback` does; pass only this one.
 
     Args:

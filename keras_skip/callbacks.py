@@ -170,7 +170,9 @@ class SkipCorrectionCallback(keras.callbacks.Callback):
         the average `on_train_batch_end` would take after it: all its steps
         are local and no interval average falls inside it. This spares
         tracing and calling a separate average function. Anything still
-        pending afterwards is averaged in `on_train_batch_end` as before."""
+        pending afterwards is averaged in `on_train_batch_end` as before.
+        With fragments the schedule declines (`Steering.may_hold`): a held
+        execution there runs a train function of its own."""
         steps = self.params.get("steps") if self.params else None
         optimizer = self._optimizer
         if steps is None or not optimizer.built:

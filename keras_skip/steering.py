@@ -156,8 +156,8 @@ class Steering:
 
     def may_hold(self, count: int) -> bool:
         """Whether an execution of `count` steps may be held to end with a
-        full average: with fragments, a delayed fragment's average on its
-        way must land before it, which it does only after a step beside it."""
+        full average (the epoch's last, `SkipCorrectionCallback`): not with
+        fragments, whose held executions run a train function of their own."""
         self._state("interval")
         return True if self._may_hold is None else self._may_hold(count)
 

@@ -97,3 +97,9 @@ def flight(optimizer):
 def fragment_in_flight(optimizer) -> int | None:
     """The fragment whose delayed average is on its way, or None."""
     return optimizer._schedule.flying_fragment()
+
+
+def delayed_parts(optimizer) -> set:
+    """The fragments (None: the whole payload) whose average was delayed at
+    least once: its all-reduce ran beside the steps, in the flight's thread."""
+    return set(optimizer._flight._reduce)

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import components, mirrored
+from conftest import components, max_replica_spread, mirrored
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -209,6 +209,7 @@ def new_model(
     strategy,
     extra_layers=(),
     optimizer_class=keras_skip.SkipCorrectionOptimizer,
+    steps_per_execution=1,
     **skip,
 ):
     keras.utils.set_random_seed(0)
@@ -217,7 +218,9 @@ def new_model(
             [keras.Input((D,)), *extra_layers, keras.layers.Dense(1)]
         )
         model.compile(
-            optimizer=optimizer_class(keras.optimizers.SGD(0.01), **skip), loss="mse"
+            optimizer=optimizer_class(keras.optimizers.SGD(0.01), **skip),
+            loss="mse",
+            steps_per_execution=steps_per_execution,
         )
     return model
 
@@ -525,3 +528,28 @@ def test_a_decision_below_the_fragments_is_raised_to_them():
     assert model.optimizer.interval == 4
     assert history.history["interval"] == [4, 4]
     assert model.optimizer.averages_performed > 2
+
+
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_a_probe_over_executions_of_several_steps_keeps_the_delayed_averages(
+    fragments,
+):
+    """With 2 steps per execution the probe's first round holds the interval
+    at 2, which no average can be delayed over: the local train function is
+    traced then. It must still copy and delay the averages once the decided
+    interval allows it."""
+    model = new_model(
+        mirrored(2),
+        extra_layers=[keras.layers.Dense(3)],
+        optimizer_class=SlowAverage,
+        steps_per_execution=2,
+        overlap=3,
+        fragments=fragments,
+    )
+    adaptive = keras_skip.AdaptiveIntervalCallback(max_interval=6, verbose=0)
+    fit(model, [adaptive], epochs=2, batch_size=16)
+    assert adaptive.decision.interval == 6
+    expected = {None} if fragments == 1 else set(range(fragments))
+    assert internals.delayed_parts(model.optimizer) == expected
+    assert not internals.flight(model.optimizer).in_flight
+    assert max_replica_spread(model.trainable_variables) == 0.0

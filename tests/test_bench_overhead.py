@@ -152,19 +152,22 @@ def test_first_fit_benchmark_compares_equal_models_and_renders(tmp_path, capsys)
     code = first_fit.main(
         [
             *("--replicas", "4", "--inner", "sgd", "--intervals", "4"),
-            *("--rounds", "1", "--steps", "2", "--json", str(out)),
+            *("--fragments", "2", "--rounds", "1", "--steps", "3"),
+            *("--json", str(out)),
         ]
     )
     assert code == 0
     (row,) = json.loads(out.read_text())
     assert (row["inner"], row["interval"], row["replicas"]) == ("sgd", 4, 4)
-    # Both arms trained the same model on the same batches, to the bit.
+    assert (row["fragments"], row["overlap"]) == (2, 0)
+    # Both arms trained the same model on the same batches, to the bit: the
+    # first fragment's average after step 2, then a held last step.
     assert row["same_weights"] is True
     for clock in ("cpu_ratio", "wall_ratio"):
         assert 0 < row[f"{clock}_min"] <= row[clock] <= row[f"{clock}_max"]
     assert "| same weights |" in capsys.readouterr().out
     table = tables.render("first_fit", [out]).splitlines()
-    assert table[2].startswith("| sgd | 4 | ") and table[2].endswith("| yes |")
+    assert table[2].startswith("| sgd | 4 | 2, 0 | ") and table[2].endswith("| yes |")
     with pytest.raises(ValueError, match="inner must be one of"):
         first_fit.measure(None, "rmsprop", 4)
 

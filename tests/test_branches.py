@@ -38,7 +38,10 @@ def test_a_branch_is_the_one_every_step_of_the_execution_takes(
 def test_taking_rejects_an_unknown_branch():
     step = _step.Step.__new__(_step.Step)
     step._only = None
-    expected = "branch must be None, 'synchronous' or 'local'; got 'both'"
+    expected = (
+        "branch must be None, 'synchronous', 'local', 'local, held', "
+        "'local, not held'; got 'both'"
+    )
     with pytest.raises(ValueError, match=expected), step.taking("both"):
         pass
 
@@ -61,9 +64,9 @@ class IntervalPerEpoch(keras.callbacks.Callback):
         self.model.optimizer.interval = self.intervals[epoch]
 
 
-def fit(intervals, warmup_steps=0, **optimizer_options):
+def fit(intervals, warmup_steps=0, callbacks=(), **optimizer_options):
     """Trains 4 replicas for one epoch per entry of `intervals`, two steps
-    per execution; returns the model."""
+    per execution, with the `callbacks` first; returns the model."""
     x, y = data()
     with mirrored(4).scope():
         keras.utils.set_random_seed(3)
@@ -90,19 +93,23 @@ def fit(intervals, warmup_steps=0, **optimizer_options):
         epochs=len(intervals),
         shuffle=False,
         verbose=0,
-        callbacks=[IntervalPerEpoch(intervals), keras_skip.SkipCorrectionCallback()],
+        callbacks=[
+            *callbacks,
+            IntervalPerEpoch(intervals),
+            keras_skip.SkipCorrectionCallback(),
+        ],
     )
     return model
 
 
-def synchronizing_conditions(graphs) -> list[str]:
-    """The names of the conditions that choose between a synchronous and a
-    local step, in the traced graphs and the loops in them."""
+def conditions_named(graphs, name: str) -> list[str]:
+    """The ops of the traced graphs (and the graphs inside them) whose last
+    name component starts with `name`."""
     found = []
 
     def visit(graph):
         for op in graph.get_operations():
-            if op.name.rsplit("/", 1)[-1].startswith("synchronous_step"):
+            if op.name.rsplit("/", 1)[-1].startswith(name):
                 found.append(op.name)
             for inner in ("_true_graph", "_false_graph", "_body_graph", "_cond_graph"):
                 if hasattr(op, inner):
@@ -111,6 +118,12 @@ def synchronizing_conditions(graphs) -> list[str]:
     for graph in graphs:
         visit(graph)
     return found
+
+
+def synchronizing_conditions(graphs) -> list[str]:
+    """The names of the conditions that choose between a synchronous and a
+    local step, in the traced graphs and the loops in them."""
+    return conditions_named(graphs, "synchronous_step")
 
 
 def counters(model):
@@ -145,3 +158,56 @@ def test_a_warmup_keeps_the_condition_for_the_whole_fit():
     assert len(graphs) == 2
     assert synchronizing_conditions(graphs)
     assert counters(model)[0] == 5
+
+
+class HoldFirstExecution(keras.callbacks.Callback):
+    """Holds the interval for the first execution of the fit, as the adaptive
+    probe holds its rounds: it ends with a full average."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.model.optimizer.iterations.numpy() == 0:
+            steering = self.model.optimizer.steering
+            steering.hold(steering.local_steps() + self.model.steps_per_execution)
+
+    def on_train_batch_end(self, batch, logs=None):
+        steering = self.model.optimizer.steering
+        if steering.held:
+            steering.release()
+
+
+@pytest.mark.parametrize("overlap", [False, 2], ids=["sequential", "delayed"])
+def test_fragments_trace_held_and_free_executions_apart(monkeypatch, overlap):
+    # 2 fragments at interval 7, epochs of 6 steps run 2 per execution: the
+    # first execution is held and ends with a full average; then fragment 0
+    # falls due after 3 more steps, and each epoch ends with the boundary
+    # average, after its last execution (not held: with fragments that
+    # would trace a third function).
+    taken = []
+    taking = _step.Step.taking
+
+    def spy(step, branch):
+        taken.append(branch)
+        return taking(step, branch)
+
+    monkeypatch.setattr(_step.Step, "taking", spy)
+    hold = [HoldFirstExecution()]
+    model = fit([7, 7], fragments=2, overlap=overlap, callbacks=hold)
+    assert taken == [_step.LOCAL_HELD] + [_step.LOCAL_FREE] * 5
+    graphs = model.train_function.traced_graphs
+    assert len(graphs) == 4  # two functions, a step and an execution each
+    assert conditions_named(graphs, "average_held") == []
+
+    # The function that chooses at every step: one, with the condition.
+    monkeypatch.setattr(
+        _step.Step,
+        "branch_of_next_execution",
+        lambda step: _step.branch_of_execution(
+            int(step._interval.numpy()), int(step._iterations.numpy()), 0
+        ),
+    )
+    reference = fit([7, 7], fragments=2, overlap=overlap, callbacks=hold)
+    assert conditions_named(reference.train_function.traced_graphs, "average_held")
+    assert counters(model) == counters(reference)
+    assert model.optimizer.averages_performed == 5
+    for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)

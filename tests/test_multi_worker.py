@@ -539,6 +539,19 @@ def test_configuration_mismatch_is_a_clear_error_on_every_worker(
         assert "STEP" not in worker.log  # it failed before the first step
 
 
+def survivor_of(result):
+    """Worker 0 of a two-worker run whose worker 1 was killed, after checking
+    that it failed on its own within 20 s of the kill (no hang)."""
+    assert not result.timed_out, result.failure_report()
+    survivor = result.workers[0]
+    assert survivor.returncode != 0
+    assert survivor.seconds - result.killed_at < 20, (
+        survivor.seconds,
+        result.killed_at,
+    )
+    return survivor
+
+
 @pytest.mark.slow
 def test_dead_peer_ends_the_survivor_within_the_peer_timeout(tmp_path):
     result = run_workers(
@@ -550,14 +563,8 @@ def test_dead_peer_ends_the_survivor_within_the_peer_timeout(tmp_path):
         workers={"1": {"pause_epoch": 1, "pause_seconds": 60}},
         kill=launcher.Kill(worker=1, when="EPOCH 1 BEGIN"),
     )
-    assert not result.timed_out, result.failure_report()
-    survivor = result.workers[0]
-    assert survivor.returncode != 0
+    survivor = survivor_of(result)
     assert ended_by_a_gone_peer(survivor.log), survivor.log[-2000:]
-    assert survivor.seconds - result.killed_at < 20, (
-        survivor.seconds,
-        result.killed_at,
-    )
 
 
 @pytest.mark.slow
@@ -582,15 +589,9 @@ def test_a_peer_dead_while_a_delayed_average_flies_is_a_clear_error(
         workers={"1": {"delay": [3, 60]}},
         kill=launcher.Kill(worker=1, when="STEP 3", delay=1.0),
     )
-    assert not result.timed_out, result.failure_report()
-    survivor = result.workers[0]
-    assert survivor.returncode != 0
+    survivor = survivor_of(result)
     assert "peer worker stopped or became unreachable" in survivor.log
     assert "STEP 6" in survivor.log  # it stepped on while the copy flew
-    assert survivor.seconds - result.killed_at < 20, (
-        survivor.seconds,
-        result.killed_at,
-    )
 
 
 @pytest.mark.slow
@@ -612,15 +613,9 @@ def test_a_peer_dead_while_a_fragment_flies_is_a_clear_error(tmp_path):
         workers={"1": {"delay": [3, 60]}},
         kill=launcher.Kill(worker=1, when="STEP 3", delay=1.0),
     )
-    assert not result.timed_out, result.failure_report()
-    survivor = result.workers[0]
-    assert survivor.returncode != 0
+    survivor = survivor_of(result)
     assert "peer worker stopped or became unreachable" in survivor.log
     assert "STEP 5" in survivor.log and "STEP 6" not in survivor.log
-    assert survivor.seconds - result.killed_at < 20, (
-        survivor.seconds,
-        result.killed_at,
-    )
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@ step branch its executions take, against the function that chooses with a
 condition at every step.
 
     python -m keras_skip.bench.first_fit [--replicas 4] [--inner sgd adam]
-        [--intervals 1 4] [--rounds 5] [--steps 8] [--json first_fit.json]
+        [--intervals 1 4] [--fragments 1] [--overlap 0] [--rounds 5]
+        [--steps 8] [--json first_fit.json]
 
 One process, ``replicas`` logical CPU devices under a MirroredStrategy, the
 benchmark MLP (784-1024-1024-10), a batch of 32 per replica. For each inner
@@ -12,7 +13,9 @@ initial weights and fits each for one epoch of ``steps`` steps: "one
 branch", the train function as ``fit`` runs it, and "condition", the same
 with every execution given the condition between the synchronous and the
 local step (``_step.branch_of_execution`` answering None, as during a
-warm-up). The two alternate which goes first. Each round's ratio of the
+warm-up; with ``fragments`` above 1, also between a held interval's full
+average and the fragments' own, which ``fit`` traces apart). The two
+alternate which goes first. Each round's ratio of the
 two fits, in the process's CPU time and in wall time, is taken, and the
 median and the extremes are printed, with whether the two models ended
 with the same weights to the bit.
@@ -28,7 +31,7 @@ import time
 from unittest import mock
 
 from keras_skip.bench import paired
-from keras_skip.bench.options import positive_int
+from keras_skip.bench.options import non_negative_int, positive_int
 from keras_skip.bench.reports.script_tables import first_fit_table
 
 #: The inner optimizers measured, by name.
@@ -36,13 +39,26 @@ INNERS = ("sgd", "adam")
 
 
 def measure(
-    strategy, inner: str, interval: int, rounds: int = 5, steps: int = 8, seed: int = 0
+    strategy,
+    inner: str,
+    interval: int,
+    rounds: int = 5,
+    steps: int = 8,
+    seed: int = 0,
+    fragments: int = 1,
+    overlap: int = 0,
 ) -> dict:
     """CPU and wall seconds of the two first fits under `strategy`, the
     median, minimum and maximum of their per-round ratio, and whether every
-    round's two models ended with the same weights."""
+    round's two models ended with the same weights. `fragments` and
+    `overlap`: the optimizer's options of those names (0 is
+    ``overlap=False``, 1 ``overlap=True``)."""
     if inner not in INNERS:
         raise ValueError(f"inner must be one of {INNERS}; got {inner!r}.")
+    options = {
+        "fragments": fragments,
+        "overlap": {0: False, 1: True}.get(overlap, overlap),
+    }
     data = _dataset(strategy.num_replicas_in_sync, seed)
     cpu: dict[str, list[float]] = {"one branch": [], "condition": []}
     wall: dict[str, list[float]] = {"one branch": [], "condition": []}
@@ -51,7 +67,7 @@ def measure(
         order = ("one branch", "condition")
         weights = {}
         for arm in order if r % 2 == 0 else order[::-1]:
-            model = _model(strategy, inner, interval, seed)
+            model = _model(strategy, inner, interval, seed, options)
             used, took = _first_fit(model, data, steps, arm == "condition")
             cpu[arm].append(used)
             wall[arm].append(took)
@@ -63,6 +79,8 @@ def measure(
     return {
         "inner": inner,
         "interval": interval,
+        "fragments": fragments,
+        "overlap": overlap,
         "replicas": strategy.num_replicas_in_sync,
         "one_branch_cpu_seconds": statistics.median(cpu["one branch"]),
         "condition_cpu_seconds": statistics.median(cpu["condition"]),
@@ -86,9 +104,10 @@ def _dataset(replicas: int, seed: int):
     )
 
 
-def _model(strategy, inner: str, interval: int, seed: int):
-    """The benchmark MLP compiled under `strategy` with the wrapped `inner`;
-    the same initial weights for the same `seed`."""
+def _model(strategy, inner: str, interval: int, seed: int, options: dict):
+    """The benchmark MLP compiled under `strategy` with the wrapped `inner`
+    and the optimizer's `options`; the same initial weights for the same
+    `seed`."""
     import keras
 
     import keras_skip
@@ -102,7 +121,9 @@ def _model(strategy, inner: str, interval: int, seed: int):
             "adam": lambda: keras.optimizers.Adam(1e-3),
         }[inner]()
         m.compile(
-            optimizer=keras_skip.SkipCorrectionOptimizer(optimizer, interval=interval),
+            optimizer=keras_skip.SkipCorrectionOptimizer(
+                optimizer, interval=interval, **options
+            ),
             loss=workloads.classification_loss(),
         )
     return m
@@ -158,6 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         help="intervals; 1 is synchronous SGD (default: %(default)s)",
     )
     parser.add_argument(
+        "--fragments",
+        type=positive_int,
+        default=1,
+        help="the optimizer's fragments (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--overlap",
+        type=non_negative_int,
+        default=0,
+        help="the optimizer's overlap: local steps an average runs beside, "
+        "0 for none (default: %(default)s)",
+    )
+    parser.add_argument(
         "--rounds",
         type=positive_int,
         default=5,
@@ -177,7 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     devices.configure_replicas(args.replicas)
     strategy = devices.mirrored_strategy(args.replicas)
     rows = [
-        measure(strategy, inner, interval, args.rounds, args.steps)
+        measure(
+            strategy,
+            inner,
+            interval,
+            args.rounds,
+            args.steps,
+            fragments=args.fragments,
+            overlap=args.overlap,
+        )
         for inner in args.inner
         for interval in args.intervals
     ]

@@ -35,13 +35,15 @@ def first_fit_table(rows: list[dict]) -> str:
     """A first fit's CPU time with one step branch against the condition at
     every step: medians, and the ratio's median and extremes."""
     lines = [
-        "| inner | interval | CPU s, one branch | CPU s, condition "
-        "| one branch / condition, CPU time | wall time | same weights |",
-        "|---|---|---|---|---|---|---|",
+        "| inner | interval | fragments, overlap | CPU s, one branch "
+        "| CPU s, condition | one branch / condition, CPU time | wall time "
+        "| same weights |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['inner']} | {r['interval']} "
+            f"| {r.get('fragments', 1)}, {r.get('overlap', 0)} "
             f"| {r['one_branch_cpu_seconds']:.2f} | {r['condition_cpu_seconds']:.2f} "
             f"| {r['cpu_ratio']:.3f} "
             f"({r['cpu_ratio_min']:.2f}-{r['cpu_ratio_max']:.2f}) "
