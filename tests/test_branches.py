@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import keras_skip
-from keras_skip import _step
+from keras_skip import _overlap, _step
 
 N_SAMPLES, D, BATCH = 96, 6, 16
 
@@ -38,6 +38,12 @@ def test_a_branch_is_the_one_every_step_of_the_execution_takes(
 def test_taking_rejects_an_unknown_branch():
     step = _step.Step.__new__(_step.Step)
     step._only = None
+    step._schedule = _overlap.Sequential.__new__(_overlap.Sequential)
+    with (
+        pytest.raises(ValueError, match="branch 'local, held' needs fragments"),
+        step.taking(_step.LOCAL_HELD),
+    ):
+        pass
     expected = (
         "branch must be None, 'synchronous', 'local', 'local, held', "
         "'local, not held'; got 'both'"

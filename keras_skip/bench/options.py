@@ -35,24 +35,24 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._expand_help(action)
 
 
-def positive_int(text: str) -> int:
+def _at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= {minimum}, got {text!r}"
+        )
     return value
+
+
+def positive_int(text: str) -> int:
+    return _at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+    return _at_least(text, 0)
 
 
 def _number(text: str, allowed, what: str) -> float:
