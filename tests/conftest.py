@@ -148,7 +148,8 @@ def pytest_collection_modifyitems(config, items):
     Three workers on 2 cores, not two: many tests wait on worker processes,
     emulated links or package installs, which left about a fifth of the
     cores idle with two; a third worker runs tests in those waits (on 2
-    cores the whole suite took 1934 s instead of 2164-2255 s)."""
+    cores the whole suite took 1461-1934 s in two runs instead of
+    2164-2255 s)."""
 
     def rank(item) -> int:
         if item.get_closest_marker("oldest"):
