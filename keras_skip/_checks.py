@@ -38,6 +38,15 @@ def positive(name: str, value) -> float:
     return value_
 
 
+def share(name: str, value) -> float:
+    value_ = number(name, value)
+    if not 0 <= value_ <= 1:
+        raise ValueError(
+            f"`{name}` must be a share in [0, 1]. Received: {name}={value!r}"
+        )
+    return value_
+
+
 def boolean(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(

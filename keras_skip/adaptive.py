@@ -77,8 +77,15 @@ class IntervalProbe:
         target_ratio: float = 1.0,
         max_interval: int = 64,
         caller: str = "choose_interval()",
+        overlap: int = 0,
+        overlap_share: float = maths.OVERLAP_SHARE,
     ):
         self.optimizer = optimizer
+        #: Steps an overlapped average can run beside (0: it hides nothing)
+        #: and the share of its wire time they hide, for the decision.
+        self.overlap = overlap
+        self.overlap_share = overlap_share
+        self._steps = steps
         #: Who chose, as the warning of a long interval names it.
         self.caller = caller
         self.target_ratio = target_ratio
@@ -184,11 +191,18 @@ class IntervalProbe:
             )
             self.collectives += 1
             self.bytes_sent += self._gather_bytes
+        fragments = self.optimizer.fragments
         decision = decide(
-            measured, self.round_steps, self.target_ratio, self.max_interval
+            measured,
+            self.round_steps,
+            self.target_ratio,
+            self.max_interval,
+            overlap=self.overlap,
+            fragments=fragments,
+            steps_per_execution=self._steps,
+            overlap_share=self.overlap_share,
         )
         # With fragments, an interval must average each of them once.
-        fragments = self.optimizer.fragments
         if 1 < decision.interval < fragments:
             decision = dataclasses.replace(decision, interval=fragments)
         self.decision = decision
@@ -209,7 +223,15 @@ class IntervalProbe:
 
 
 def decide(
-    measured, steps: int, target_ratio: float, max_interval: int
+    measured,
+    steps: int,
+    target_ratio: float,
+    max_interval: int,
+    *,
+    overlap: int = 0,
+    fragments: int = 1,
+    steps_per_execution: int = 1,
+    overlap_share: float = 0.0,
 ) -> IntervalDecision:
     """The decision from every worker's ``(without_average, with_average)``:
     the seconds of a round of ``steps`` local steps, and of the next such
@@ -224,14 +246,26 @@ def decide(
     ``max(without + with) - 2 max(without)``. ``t_comp`` is
     ``max(without) / steps``. Every worker gets the same numbers, so all
     agree. A negative estimate (timing noise when the average is cheap) is
-    taken as 0.
+    taken as 0. ``overlap``, ``fragments``, ``steps_per_execution`` and
+    ``overlap_share``: what :func:`keras_skip.maths.adaptive_interval` needs
+    to count only the wire time overlap does not hide (the rounds' averages
+    are full and blocking, so ``t_comm`` is the whole wire time).
     """
     measured = np.asarray(measured, dtype=np.float64).reshape(-1, 2)
     without, with_average = measured[:, 0], measured[:, 1]
     longest = without.max()
     t_comp = float(longest / max(steps, 1))
     t_comm = float(max((without + with_average).max() - 2 * longest, 0.0))
-    interval = maths.adaptive_interval(t_comm, t_comp, target_ratio, max_interval)
+    interval = maths.adaptive_interval(
+        t_comm,
+        t_comp,
+        target_ratio,
+        max_interval,
+        overlap=overlap,
+        fragments=fragments,
+        steps_per_execution=steps_per_execution,
+        overlap_share=overlap_share,
+    )
     return IntervalDecision(interval, t_comp, t_comm)
 
 
@@ -242,6 +276,7 @@ def choose_interval(
     steps: int = 1,
     target_ratio: float = 1.0,
     max_interval: int = 64,
+    overlap_share: float = maths.OVERLAP_SHARE,
 ) -> IntervalDecision:
     """The adaptive interval in a custom training loop: probe once, then fixed.
 
@@ -256,7 +291,10 @@ def choose_interval(
     checkpoint), it is returned and nothing runs. As with
     :class:`keras_skip.AdaptiveIntervalCallback`, a decision above 128 warns
     (the longest interval the efficiency map shows keeping accuracy on
-    skewed shards).
+    skewed shards). With `overlap=True` the average runs beside the step it
+    is due after, and `overlap_share` of that step's time counts as hidden,
+    as in the callback; a delayed average (`overlap >= 2`) runs after its
+    execution in a custom loop and hides nothing.
 
     Example:
 
@@ -270,6 +308,7 @@ def choose_interval(
     target_ratio = _checks.positive("target_ratio", target_ratio)
     max_interval = _checks.integer("max_interval", max_interval, minimum=1)
     steps = _checks.integer("steps", steps, minimum=1)
+    overlap_share = _checks.share("overlap_share", overlap_share)
     if not optimizer.built:
         raise ValueError(
             "choose_interval() needs a built optimizer: run one training step "
@@ -284,7 +323,14 @@ def choose_interval(
             f"has taken {int(optimizer.iterations.numpy())} of its "
             f"warmup_steps={optimizer.warmup_steps} synchronous steps."
         )
-    probe = IntervalProbe(optimizer, steps, target_ratio, max_interval)
+    probe = IntervalProbe(
+        optimizer,
+        steps,
+        target_ratio,
+        max_interval,
+        overlap=1 if optimizer.overlap == 1 else 0,
+        overlap_share=overlap_share,
+    )
     return _run_probe(probe, run_local_steps, steps)
 
 

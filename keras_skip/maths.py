@@ -250,8 +250,69 @@ def average_due(local_steps: int, interval: int) -> bool:
     return local_steps >= interval
 
 
+#: The share of an overlapped average's wire time that the local steps
+#: beside it hide, fitted on the committed benchmark runs (worker processes
+#: sharing 2 CPU cores, where the all-reduce competes with the steps for the
+#: cores; ``docs/planner.md``). Devices whose all-reduce does not compete
+#: with their compute hide more, up to 1.
+OVERLAP_SHARE = 0.5
+
+
+def overlap_window(
+    overlap: int, interval: int, fragments: int = 1, steps_per_execution: int = 1
+) -> int:
+    """The local steps an interval average's all-reduce runs beside.
+
+    ``overlap`` is the optimizer's (0: none, 1: the step it is due after,
+    ``k >= 2``: delayed over ``k`` steps). An average runs beside at most
+    the steps until the next one falls due, ``interval // fragments``; at
+    interval 1 (synchronous steps) nothing overlaps, and a delayed average
+    needs an interval longer than ``steps_per_execution``.
+
+    >>> overlap_window(6, interval=16, fragments=2)
+    6
+    >>> overlap_window(6, interval=8, fragments=2)
+    4
+    >>> overlap_window(6, interval=4, steps_per_execution=4)
+    0
+    """
+    if overlap <= 0 or interval <= 1:
+        return 0
+    if overlap >= 2 and interval <= steps_per_execution:
+        return 0
+    return min(overlap, interval // fragments)
+
+
+def hidden_communication(
+    t_comm: float,
+    t_comp: float,
+    window: int,
+    fragments: int = 1,
+    overlap_share: float = OVERLAP_SHARE,
+) -> float:
+    """Seconds of one interval's communication that overlap hides.
+
+    An interval sends ``fragments`` averages of ``t_comm / fragments`` seconds
+    each (``t_comm``: one average of the whole payload); each runs beside
+    ``window`` local steps of ``t_comp`` seconds (:func:`overlap_window`),
+    which hide ``overlap_share`` of the shorter of the two.
+
+    >>> hidden_communication(t_comm=0.9, t_comp=0.03, window=6, fragments=2)
+    0.18
+    """
+    return fragments * overlap_share * min(t_comm / fragments, window * t_comp)
+
+
 def adaptive_interval(
-    t_comm: float, t_comp: float, target_ratio: float = 1.0, max_interval: int = 64
+    t_comm: float,
+    t_comp: float,
+    target_ratio: float = 1.0,
+    max_interval: int = 64,
+    *,
+    overlap: int = 0,
+    fragments: int = 1,
+    steps_per_execution: int = 1,
+    overlap_share: float = 0.0,
 ) -> int:
     """The interval that makes communication time about ``target_ratio`` times
     computation time per epoch: ``clip(round(t_comm / (rho t_comp)), 1, H_max)``.
@@ -262,12 +323,22 @@ def adaptive_interval(
     so the result never decreases as ``t_comm`` grows or ``t_comp`` shrinks,
     and scaling both times by a power of two leaves it unchanged.
 
+    With ``overlap`` and ``overlap_share > 0`` only the communication that
+    stops the steps counts: ``t_comm`` less :func:`hidden_communication` at
+    the :func:`overlap_window` of ``H``. That window grows with ``H`` (up to
+    ``overlap``), so the rule is the smallest ``H`` with
+    ``H >= round((t_comm - hidden(H)) / (rho t_comp))``, within
+    ``[1, H_max]``: never longer than the interval without overlap, and the
+    same when nothing is hidden.
+
     >>> adaptive_interval(t_comm=1.0, t_comp=0.012)
     64
     >>> adaptive_interval(t_comm=0.05, t_comp=0.012)
     4
     >>> adaptive_interval(t_comm=0.001, t_comp=0.012)
     1
+    >>> adaptive_interval(t_comm=0.05, t_comp=0.012, overlap=2, overlap_share=0.5)
+    3
     """
     for name, value in (("t_comm", t_comm), ("t_comp", t_comp)):
         if not math.isfinite(value) or value < 0:
@@ -280,18 +351,52 @@ def adaptive_interval(
         raise ValueError(
             f"`target_ratio` must be > 0. Received: target_ratio={target_ratio!r}"
         )
-    if (
-        isinstance(max_interval, bool)
-        or not isinstance(max_interval, int)
-        or max_interval < 1
+    for name, value, minimum in (
+        ("max_interval", max_interval, 1),
+        ("overlap", overlap, 0),
+        ("fragments", fragments, 1),
+        ("steps_per_execution", steps_per_execution, 1),
     ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(
+                f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
+            )
+    if not 0 <= overlap_share <= 1:
         raise ValueError(
-            "`max_interval` must be an integer >= 1. "
-            f"Received: max_interval={max_interval!r}"
+            "`overlap_share` must be a share of the wire time, in [0, 1]. "
+            f"Received: overlap_share={overlap_share!r}"
         )
-    ratio = Fraction(t_comm) / (Fraction(target_ratio) * Fraction(t_comp))
-    rounded = math.floor(ratio + Fraction(1, 2))
-    return int(min(max(rounded, 1), max_interval))
+    scale = Fraction(target_ratio) * Fraction(t_comp)
+
+    def rule(hidden) -> int:
+        rounded = math.floor((Fraction(t_comm) - hidden) / scale + Fraction(1, 2))
+        return int(min(max(rounded, 1), max_interval))
+
+    blocking = rule(0)
+    if not overlap or not overlap_share or blocking == 1:
+        return blocking
+
+    def hidden(interval: int) -> Fraction:
+        window = overlap_window(overlap, interval, fragments, steps_per_execution)
+        return hidden_communication(
+            Fraction(t_comm),
+            Fraction(t_comp),
+            window,
+            fragments,
+            Fraction(overlap_share),
+        )
+
+    # interval - rule(hidden(interval)) grows with the interval (the hidden
+    # time never shrinks as it grows), so the smallest interval that covers
+    # its own rule is found by bisection; `blocking` always covers its own.
+    low, high = 1, blocking
+    while low < high:
+        middle = (low + high) // 2
+        if middle >= rule(hidden(middle)):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 # ---------------------------------------------------------------------------

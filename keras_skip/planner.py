@@ -26,7 +26,8 @@ The model (``docs/planner.md`` derives it and shows where it was checked):
   own type (``slot_copies`` copies of the model: 0 for
   ``optimizer_state="local"``, 1 for Adam's second moments, 2 for all of
   Adam's slots). With ``overlap`` steps, an average other than the
-  boundary one runs beside up to that many local steps, which hide
+  boundary one runs beside up to that many local steps (no more than the
+  ``interval // fragments`` until the next average), which hide
   ``overlap_share`` of the shorter of the two.
 - With ``fragments=F`` each interval average sends one fragment, ``1/F`` of
   the payload, and fragment ``j`` falls due ``(j + 1) * interval // F``
@@ -37,7 +38,8 @@ The model (``docs/planner.md`` derives it and shows where it was checked):
   average, every one of them overlappable. An epoch shorter than the
   interval still ends with the full average.
 - The adaptive interval is :func:`keras_skip.maths.adaptive_interval` of the
-  predicted average and step times, as the callback computes it from its
+  predicted average and step times, with the same ``overlap``,
+  ``fragments`` and ``overlap_share``, as the callback computes it from its
   measurements.
 
 Example:
@@ -67,7 +69,7 @@ STEP_OVERHEAD = 0.01
 #: The share of an overlapped average's wire time that the local steps beside
 #: it hide, fitted on the same runs (worker processes sharing 2 cores, where
 #: the all-reduce competes with the steps for the cores).
-OVERLAP_SHARE = 0.5
+OVERLAP_SHARE = maths.OVERLAP_SHARE
 
 _COMPRESSED = ("bfloat16", "float16")
 
@@ -307,7 +309,13 @@ def skip(
             interval = 1
         else:
             interval = maths.adaptive_interval(
-                all_reduce, workload.step_time, target_ratio, max_interval
+                all_reduce,
+                workload.step_time,
+                target_ratio,
+                max_interval,
+                overlap=overlap,
+                fragments=fragments,
+                overlap_share=overlap_share,
             )
             if interval > 1:  # as the optimizer raises it
                 interval = max(interval, fragments)
@@ -330,7 +338,8 @@ def skip(
         )
         full = 1
     communication = averages * part_reduce + full * all_reduce
-    hidden = averages * min(part_reduce, overlap * workload.step_time) * overlap_share
+    window = maths.overlap_window(overlap, interval, fragments)
+    hidden = averages * min(part_reduce, window * workload.step_time) * overlap_share
     compute = steps * workload.step_time
     sent = averages * ring_bytes_sent(part, workers)
     sent += full * ring_bytes_sent(payload, workers)

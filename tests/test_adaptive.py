@@ -131,6 +131,141 @@ def test_decide_on_one_worker_is_the_difference_of_the_rounds(without, with_, st
     assert decision.t_comm == pytest.approx(max(with_ - without, 0.0), abs=1e-12)
 
 
+# With overlap: only the wire time the steps beside an average do not hide.
+
+overlaps = st.integers(0, 12)
+fragment_counts = st.integers(1, 4)
+executions = st.integers(1, 8)
+shares = st.floats(0.0, 1.0)
+
+
+def overlapped(t_comm, t_comp, rho, cap, overlap, fragments, spe, share):
+    return maths.adaptive_interval(
+        t_comm,
+        t_comp,
+        rho,
+        cap,
+        overlap=overlap,
+        fragments=fragments,
+        steps_per_execution=spe,
+        overlap_share=share,
+    )
+
+
+@given(times, times, ratios, caps, overlaps, fragment_counts, executions)
+def test_overlap_hiding_nothing_keeps_the_rule(t_comm, t_comp, rho, cap, k, f, spe):
+    blocking = maths.adaptive_interval(t_comm, t_comp, rho, cap)
+    assert overlapped(t_comm, t_comp, rho, cap, k, f, spe, 0.0) == blocking
+    assert overlapped(t_comm, t_comp, rho, cap, 0, f, spe, 1.0) == blocking
+
+
+@given(times, times, ratios, caps, overlaps, fragment_counts, executions, shares)
+def test_overlap_never_lengthens_the_interval_and_covers_its_own_exposed_time(
+    t_comm, t_comp, rho, cap, k, f, spe, share
+):
+    from fractions import Fraction
+
+    h = overlapped(t_comm, t_comp, rho, cap, k, f, spe, share)
+    assert 1 <= h <= maths.adaptive_interval(t_comm, t_comp, rho, cap)
+
+    def rule(interval):
+        # The blocking rule of the time the steps do not hide at `interval`.
+        window = maths.overlap_window(k, interval, f, spe)
+        hidden = maths.hidden_communication(
+            Fraction(t_comm), Fraction(t_comp), window, f, Fraction(share)
+        )
+        exposed = (Fraction(t_comm) - hidden) / (Fraction(rho) * Fraction(t_comp))
+        return min(max(math.floor(exposed + Fraction(1, 2)), 1), cap)
+
+    # The smallest interval whose exposed communication it covers.
+    assert h >= rule(h) or h == cap
+    assert h == 1 or h - 1 < rule(h - 1)
+
+
+@given(times, times, times, ratios, caps, overlaps, fragment_counts, shares)
+def test_overlap_rule_does_not_decrease_as_communication_grows(
+    t_comm, more, t_comp, rho, cap, k, f, share
+):
+    assert overlapped(t_comm + more, t_comp, rho, cap, k, f, 1, share) >= (
+        overlapped(t_comm, t_comp, rho, cap, k, f, 1, share)
+    )
+
+
+@given(times, times, st.integers(-20, 20), ratios, caps, overlaps, fragment_counts)
+def test_overlap_rule_is_unchanged_when_both_times_scale_by_a_power_of_two(
+    t_comm, t_comp, exponent, rho, cap, k, f
+):
+    scale = 2.0**exponent
+    assert overlapped(t_comm * scale, t_comp * scale, rho, cap, k, f, 1, 0.5) == (
+        overlapped(t_comm, t_comp, rho, cap, k, f, 1, 0.5)
+    )
+
+
+def test_overlap_hides_up_to_its_window_of_each_fragments_average():
+    # 0.9 s of wire time, 29 ms steps: 31 without overlap. Two fragments of
+    # 0.45 s, each beside 6 steps (0.174 s), half of that hidden: 0.174 s of
+    # an interval's 0.9 s.
+    assert maths.adaptive_interval(0.9, 0.029) == 31
+    assert maths.overlap_window(6, 25, 2) == 6
+    assert maths.hidden_communication(0.9, 0.029, 6, 2, 0.5) == pytest.approx(0.174)
+    assert overlapped(0.9, 0.029, 1.0, 64, 6, 2, 1, 0.5) == 25  # round(0.726/0.029)
+    # All of a short average hidden from interval 2 on (at interval 1 the
+    # steps are synchronous and nothing overlaps): interval 2.
+    assert maths.adaptive_interval(0.1, 0.029) == 3
+    assert overlapped(0.1, 0.029, 1.0, 64, 4, 1, 1, 1.0) == 2
+    # A window cut by the next fragment's average: at interval 4 with 4
+    # fragments each runs beside one step, not the six asked for.
+    assert maths.overlap_window(6, 4, 4) == 1
+    # A delayed average at an interval no longer than an execution hides
+    # nothing: the rule stays where that is so.
+    assert maths.overlap_window(4, 8, 1, steps_per_execution=8) == 0
+    assert (
+        overlapped(0.2, 0.029, 1.0, 64, 4, 1, 8, 1.0)
+        == 7
+        == (maths.adaptive_interval(0.2, 0.029))
+    )
+
+
+def test_decide_counts_what_overlap_hides():
+    from keras_skip.adaptive import decide
+
+    measured = [[0.29, 0.29 + 0.9]]  # ten steps of 29 ms, then an average of 0.9 s
+    assert decide(measured, 10, 1.0, 64).interval == 31
+    decision = decide(measured, 10, 1.0, 64, overlap=6, fragments=2, overlap_share=0.5)
+    assert decision.interval == 25
+    # The decision keeps the whole wire time: the rule takes the hidden part.
+    assert decision.t_comm == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"t_comm": 1.0, "t_comp": 1.0, "overlap": -1}, "`overlap` must be an"),
+        ({"t_comm": 1.0, "t_comp": 1.0, "fragments": 0}, "`fragments` must be an"),
+        ({"t_comm": 1.0, "t_comp": 1.0, "overlap_share": 1.5}, r"overlap_share=1\.5"),
+        (
+            {"t_comm": 1.0, "t_comp": 1.0, "steps_per_execution": 0},
+            "steps_per_execution",
+        ),
+    ],
+)
+def test_overlap_rule_rejects_bad_input(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        maths.adaptive_interval(**kwargs)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.01, float("nan")])
+def test_callback_and_choose_interval_reject_a_share_outside_0_1(share):
+    allowed = r"`overlap_share` must be a share in \[0, 1\]"
+    with pytest.raises(ValueError, match=allowed):
+        keras_skip.AdaptiveIntervalCallback(overlap_share=share)
+    optimizer = keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match=r"overlap_share=1.01|overlap_share=-0.1|nan"):
+        keras_skip.choose_interval(optimizer, lambda: None, overlap_share=share)
+    with pytest.raises(TypeError, match="`overlap_share` must be a number"):
+        keras_skip.AdaptiveIntervalCallback(overlap_share="half")
+
+
 @pytest.mark.parametrize(
     "kwargs, pattern",
     [
@@ -265,6 +400,35 @@ def test_costly_average_chooses_an_interval_consistent_with_the_times():
     assert adaptive.probes == 1
     assert adaptive.collectives == 0 and adaptive.bytes_sent == 0
     assert adaptive.overhead_seconds > 0
+
+
+def test_overlap_shortens_the_interval_by_what_its_steps_hide(capsys):
+    """Averages of 0.3 s, steps of 30 ms, two fragments each overlapped with
+    the step after it (`overlap=True`), all of whose time it hides: each
+    interval hides two steps' time, so the rule chooses about two steps
+    less than without overlap, and says so."""
+    model = new_model(
+        mirrored(2),
+        extra_layers=[keras.layers.Dense(3), Sleep(0.03)],
+        optimizer_class=SlowAverage,
+        fragments=2,
+        overlap=True,
+    )
+    adaptive = keras_skip.AdaptiveIntervalCallback(overlap_share=1.0)
+    fit(model, [adaptive], batch_size=16)
+    decision = adaptive.decision
+    blocking = maths.adaptive_interval(decision.t_comm, decision.t_comp)
+    assert decision.interval == maths.adaptive_interval(
+        decision.t_comm,
+        decision.t_comp,
+        overlap=1,
+        fragments=2,
+        overlap_share=1.0,
+    )
+    assert 2 <= decision.interval < blocking
+    hidden = maths.hidden_communication(decision.t_comm, decision.t_comp, 1, 2, 1.0)
+    assert f"{hidden * 1e3:.2f} ms of it hidden by overlap" in capsys.readouterr().out
+    assert model.optimizer.interval == decision.interval
 
 
 def test_cap_and_target_ratio():

@@ -371,6 +371,15 @@ def test_adaptive_interval_with_overlap_probes_full_averages(overlap):
     )
     decision = optimizer.interval_decision
     assert decision is not None and decision.interval == optimizer.interval
+    # t_comm is a full average's wire time; the rule counts what the steps
+    # beside an overlapped one would hide (the default share, 0.5).
+    assert decision.interval == maths.adaptive_interval(
+        decision.t_comm,
+        decision.t_comp,
+        max_interval=2,
+        overlap=int(overlap),
+        overlap_share=maths.OVERLAP_SHARE,
+    )
     assert internals.full_average_step(optimizer) == -1  # nothing left overridden
     assert max_replica_spread(model.trainable_variables) == 0.0
 
