@@ -64,7 +64,10 @@ class IntervalProbe:
     worker runs the same steps, so they all notice it alike. After round 3,
     :attr:`decision` holds the result and the optimizer's interval is set.
     A decision longer than the efficiency map's longest kept interval (128)
-    warns (see ``keras_skip._interval_limit``).
+    warns (see ``keras_skip._interval_limit``). ``overlap`` (the local steps
+    an interval average runs beside, 0 when it hides nothing) and
+    ``overlap_share`` let the decision count only the wire time the steps
+    do not hide (:func:`decide`).
     """
 
     #: An interval that no round reaches: round 2 takes no average.
