@@ -273,7 +273,7 @@ def build(strategy, schedule, averager, steps: int, optimizer) -> Flight | None:
     optimizer's ``overlap``), else None; `optimizer`: the one built."""
     if not schedule.delays:
         return None
-    return Flight(
+    flight = Flight(
         strategy=strategy,
         steps=steps,
         schedule=schedule,
@@ -283,6 +283,8 @@ def build(strategy, schedule, averager, steps: int, optimizer) -> Flight | None:
         local_steps=optimizer._local_steps,
         held=lambda: optimizer.steering.held,
     )
+    optimizer.steering.delays_beside_steps = lambda: flight.steps_exchange_nothing
+    return flight
 
 
 def land_before_checkpoint(flight: Flight | None, save_type: str) -> None:

@@ -48,8 +48,9 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
     due), which hide `overlap_share` of the shorter of the two
     (`keras_skip.maths.adaptive_interval`). So with overlap the interval can
     be shorter than without, never longer. A delayed average
-    (`overlap >= 2`) needs data of known length and an interval longer than
-    `steps_per_execution`; without them nothing is counted as hidden.
+    (`overlap >= 2`) hides nothing at an interval no longer than
+    `steps_per_execution`, nor across workers on data of unknown length;
+    there nothing is counted as hidden.
 
     It includes everything `SkipCorrectionCallback` does; pass only this one.
 
@@ -171,11 +172,14 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
         self._probe.start()
 
     def _overlap_window(self) -> int:
-        """The optimizer's overlap in steps; 0 for a delayed average on
-        data of unknown length, which runs after its step."""
-        overlap = _arguments.check_overlap(self._optimizer.overlap)
-        steps = self.params.get("steps") if self.params else None
-        return 0 if overlap >= 2 and steps is None else overlap
+        """The optimizer's overlap in steps; 0 for delayed averages that run
+        after their step in this `fit` (across workers, on data of unknown
+        length)."""
+        optimizer = self._optimizer
+        overlap = _arguments.check_overlap(optimizer.overlap)
+        if overlap >= 2 and not optimizer.steering.delays_beside_steps():
+            return 0
+        return overlap
 
     def on_train_batch_end(self, batch, logs=None):
         self._executions += 1

@@ -77,6 +77,10 @@ class Steering:
         #: vote as this worker's own, and before an epoch's averages are
         #: counted.
         self.land: Callable[[], object] = lambda: None
+        #: Whether delayed averages (``overlap >= 2``) run beside the steps
+        #: in this `fit`: not across workers on data of unknown length, where
+        #: the workers agree at every step on whether data remains.
+        self.delays_beside_steps: Callable[[], bool] = lambda: False
 
     def bind(
         self,

@@ -431,6 +431,32 @@ def test_overlap_shortens_the_interval_by_what_its_steps_hide(capsys):
     assert model.optimizer.interval == decision.interval
 
 
+def test_a_delayed_average_on_data_of_unknown_length_on_one_worker_hides_steps():
+    """Delayed averages (`overlap=3`) on data of unknown length still run
+    beside the steps on one worker (only workers must agree at every step
+    on whether data remains): the rule counts three steps hidden, and the
+    decision is about three steps shorter than without overlap."""
+    model = new_model(
+        mirrored(2),
+        extra_layers=[Sleep(0.03)],
+        optimizer_class=SlowAverage,
+        overlap=3,
+    )
+    x, y = data()
+    unknown = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True)
+    assert unknown.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    adaptive = keras_skip.AdaptiveIntervalCallback(overlap_share=1.0, verbose=0)
+    model.fit(
+        unknown.batch(16), epochs=1, verbose=0, shuffle=False, callbacks=[adaptive]
+    )
+    assert model.optimizer.steering.delays_beside_steps()
+    decision = adaptive.decision
+    assert decision.interval == maths.adaptive_interval(
+        decision.t_comm, decision.t_comp, overlap=3, overlap_share=1.0
+    )
+    assert decision.interval < maths.adaptive_interval(decision.t_comm, decision.t_comp)
+
+
 def test_cap_and_target_ratio():
     model = new_model(mirrored(2), optimizer_class=SlowAverage)
     adaptive = keras_skip.AdaptiveIntervalCallback(

@@ -353,7 +353,8 @@ def test_delayed_averages_on_two_workers_equal_two_mirrored_replicas(
         assert_two_workers_equal_two_mirrored_replicas(
             tmp_path, config, "overlap", False
         )
-        assert all(r["threaded"] for r in outputs(tmp_path, 2))
+        results = outputs(tmp_path, 2)
+        assert all(r["threaded"] and r["delays_beside_steps"] for r in results)
         return
     result = run_workers(tmp_path, 2, local_devices=2, **config)
     assert result.ok, result.failure_report()
@@ -378,6 +379,8 @@ def test_delayed_averages_with_data_of_unknown_length_run_after_their_step(tmp_p
         assert worker.log.count("agree at every step on whether data remains") == 1
     results = outputs(tmp_path, 2)
     assert_workers_agree(results)
+    # So the adaptive rule counts nothing hidden by them.
+    assert not any(r["delays_beside_steps"] for r in results)
     weights, _ = mirrored_reference(2, **{**config, "dataset": True, "overlap": False})
     delayed, _ = mirrored_reference(2, **{**config, "dataset": True})
     assert np.abs(weights - delayed).max() > 1e-5

@@ -318,6 +318,7 @@ def train(config, strategy, index):
             self.stamps = []  # (begin, end) wall-clock times of each execution
             self.batch_losses = []  # the loss in each execution's logs
             self.began = 0.0
+            self.delays_beside_steps = False
 
         def on_train_begin(self, logs=None):
             if backup is not None:
@@ -338,6 +339,11 @@ def train(config, strategy, index):
             self.began_at = time.time()
 
         def on_train_batch_end(self, batch, logs=None):
+            # What the adaptive rule reads during fit: whether delayed
+            # averages run beside the steps.
+            steering = getattr(optimizer, "steering", None)
+            if steering is not None:
+                self.delays_beside_steps = steering.delays_beside_steps()
             self.seconds.append(time.perf_counter() - self.began)
             self.stamps.append((self.began_at, time.time()))
             self.batch_losses.append(float(logs["loss"]))
@@ -446,6 +452,7 @@ def train(config, strategy, index):
         )
 
         result["averages"] = optimizer.averages_performed
+        result["delays_beside_steps"] = markers.delays_beside_steps
         result["bytes_sent"] = optimizer.bytes_sent
         for key in ("averages", "bytes_sent", "drift"):
             if key in history.history:
