@@ -172,6 +172,36 @@ def test_first_fit_benchmark_compares_equal_models_and_renders(tmp_path, capsys)
         first_fit.measure(None, "rmsprop", 4)
 
 
+def test_first_fit_scale_benchmark_times_three_variants_and_renders(tmp_path, capsys):
+    from keras_skip.bench import first_fit_scale
+    from keras_skip.bench.reports import tables
+
+    out = tmp_path / "first_fit_scale.json"
+    code = first_fit_scale.main(
+        [
+            *("--replicas", "2", "--layers", "1", "3", "--width", "8"),
+            *("--rounds", "2", "--steps", "3", "--json", str(out)),
+        ]
+    )
+    assert code == 0
+    rows = json.loads(out.read_text())
+    # Two variables per hidden layer, and the output layer's two.
+    assert [(r["layers"], r["variables"]) for r in rows] == [(1, 4), (3, 8)]
+    for row in rows:
+        assert (row["replicas"], row["rounds"], row["steps"]) == (2, 2, 3)
+        for variant in first_fit_scale.VARIANTS:
+            assert row[f"{variant}_seconds"] > 0 and row[f"{variant}_cpu_seconds"] > 0
+        for name in ("skip_ratio", "streaming_ratio", "streaming_cpu_ratio"):
+            assert 0 < row[f"{name}_min"] <= row[name] <= row[f"{name}_max"]
+    printed = capsys.readouterr().out
+    assert "ratios to Keras' own fit" in printed
+    table = tables.render("first_fit_scale", [out]).splitlines()
+    assert table[0].startswith("| hidden layers | variables | Keras s |")
+    assert table[2].startswith("| 1 | 4 | ") and table[3].startswith("| 3 | 8 | ")
+    with pytest.raises(ValueError, match="layers must be an integer >= 1; got 0"):
+        first_fit_scale.measure(None, 0)
+
+
 def test_paired_ratios_are_the_median_and_extremes_of_each_pair():
     from keras_skip.bench import paired
 

@@ -1,6 +1,7 @@
 """Tables of the benchmarks that are scripts of their own, not
 ``keras-skip bench`` runs: the wrapper on a local step
-(``python -m keras_skip.bench.step_overhead``), the cost of choosing the
+(``python -m keras_skip.bench.step_overhead``), a first fit against Keras'
+own (``python -m keras_skip.bench.first_fit_scale``), the cost of choosing the
 interval (``python -m keras_skip.bench.overhead``), the slot policies
 (``benchmarks/optimizer_state.py``) and an average spread over several steps
 (``benchmarks/overlap_span.py``). :mod:`keras_skip.bench.reports.tables` prints them.
@@ -50,6 +51,27 @@ def first_fit_table(rows: list[dict]) -> str:
             f"| {r['wall_ratio']:.3f} "
             f"({r['wall_ratio_min']:.2f}-{r['wall_ratio_max']:.2f}) "
             f"| {'yes' if r['same_weights'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def first_fit_scale_table(rows: list[dict]) -> str:
+    """A first fit against Keras' own, per depth of the model: the medians'
+    wall time, and the ratios' median and extremes in wall and CPU time."""
+    lines = [
+        "| hidden layers | variables | Keras s | skip s | streaming s "
+        "| skip / Keras | streaming / Keras | streaming / Keras, CPU time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratios = [
+            f"{r[name]:.2f}x ({r[name + '_min']:.2f}-{r[name + '_max']:.2f})"
+            for name in ("skip_ratio", "streaming_ratio", "streaming_cpu_ratio")
+        ]
+        lines.append(
+            f"| {r['layers']} | {r['variables']} | {r['keras_seconds']:.2f} "
+            f"| {r['skip_seconds']:.2f} | {r['streaming_seconds']:.2f} "
+            f"| {' | '.join(ratios)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ shows what it prints::
 - ``drift``: the drift and accuracy per epoch of a ``--measure-drift`` run;
 - ``wrapper``: ``python -m keras_skip.bench.step_overhead --json``;
 - ``first_fit``: ``python -m keras_skip.bench.first_fit --json``;
+- ``first_fit_scale``: ``python -m keras_skip.bench.first_fit_scale --json``;
 - ``interval``: ``python -m keras_skip.bench.overhead --json``;
 - ``slots``: ``python benchmarks/optimizer_state.py --json``;
 - ``span``: ``python benchmarks/overlap_span.py --json`` runs, a row per run;
@@ -47,6 +48,7 @@ from collections.abc import Sequence
 from keras_skip._units import parse_duration
 from keras_skip.bench.reports import pages, peer
 from keras_skip.bench.reports.script_tables import (
+    first_fit_scale_table,
     first_fit_table,
     interval_table,
     slots_table,
@@ -309,6 +311,7 @@ KINDS = {
     "drift": _one(drift_table),
     "wrapper": _one(wrapper_table),
     "first_fit": _one(first_fit_table),
+    "first_fit_scale": _one(first_fit_scale_table),
     "interval": _one(interval_table),
     "slots": _one(slots_table),
     "span": span_table,
