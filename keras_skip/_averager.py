@@ -176,10 +176,7 @@ class Averager:
         tracing it early keeps tracing out of timings)."""
         function = self.functions.get(key)
         if function is None:
-            function = tf.function(
-                lambda: self.average_if_pending(tf.distribute.get_strategy()),
-                autograph=False,
-            )
+            function = _updates.function(_updates.in_strategy, self.average_if_pending)
             function.get_concrete_function()
             self.functions[key] = function
         return function

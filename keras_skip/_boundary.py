@@ -135,9 +135,7 @@ class LatestAverages(FullBoundary):
     def _function(self, name, body):
         key = (*name, *(id(v) for v in self._stepped()))
         if key not in self._functions:
-            self._functions[key] = tf.function(
-                lambda: body(tf.distribute.get_strategy()), autograph=False
-            )
+            self._functions[key] = _updates.function(_updates.in_strategy, body)
         return self._functions[key]
 
     def _fragments(self):

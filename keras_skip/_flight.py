@@ -137,9 +137,7 @@ class Flight:
         with self._strategy.scope(), tracing.span("land", "average"):
             fragment = self._fragment
             if fragment not in self._land:
-                self._land[fragment] = tf.function(
-                    lambda: self._land_body(fragment), autograph=False
-                )
+                self._land[fragment] = _updates.function(self._land_body, fragment)
             self._land[fragment]()
         return True
 
@@ -206,9 +204,7 @@ class Flight:
                 # Traced here, at the same point on every worker (they copy
                 # the same fragments in the same order): the collective's
                 # keys then agree.
-                self._reduce[fragment] = tf.function(
-                    lambda: self._reduce_body(fragment), autograph=False
-                )
+                self._reduce[fragment] = _updates.function(self._reduce_body, fragment)
                 self._reduce[fragment].get_concrete_function()
         reduce = self._reduce[fragment]
         strategy = self._strategy

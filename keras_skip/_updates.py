@@ -9,10 +9,27 @@ optimizer is read here.
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import tensorflow as tf
 
 from keras_skip import _compat
+
+
+def function(body, *args):
+    """``tf.function`` of ``body(*args)``, traced apart from every other
+    optimizer's. TensorFlow counts retracing by the Python code a function
+    was made from: functions made from one lambda by several optimizers in
+    one process (a notebook, a test suite) look like one function traced
+    again and again, and warn that "tracing is expensive". A
+    `functools.partial` is counted on its own."""
+    return tf.function(functools.partial(body, *args), autograph=False)
+
+
+def in_strategy(body):
+    """``body(strategy)`` with the strategy whose scope it runs in."""
+    return body(tf.distribute.get_strategy())
 
 
 def when(distribution, pred, fn, variables, dtypes=()) -> list:

@@ -325,3 +325,37 @@ def test_a_shown_model_is_restored_before_a_full_average():
     np.testing.assert_array_equal(per_replica(model.trainable_variables), before)
     assert optimizer.average() is False
     assert not optimizer.showing_latest_averages
+
+
+def test_many_models_in_one_process_do_not_warn_that_tracing_is_expensive(caplog):
+    """Each optimizer traces its own functions (the delayed averages' reduce
+    and landing, the shown model's, the full average `fit` ends with).
+    TensorFlow counts retracing by the Python code a function was made from,
+    so functions made from one lambda by six models in one process (a
+    notebook's cells) looked like one function traced six times and warned
+    that "tracing is expensive"."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    for _ in range(6):
+        with mirrored(2).scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(
+                optimizer=keras_skip.SkipCorrectionOptimizer(
+                    keras.optimizers.SGD(0.01),
+                    interval=2,
+                    fragments=2,
+                    overlap=2,
+                    boundary="latest",
+                ),
+                loss="mse",
+            )
+        model.fit(
+            x,
+            x.sum(axis=1),
+            batch_size=16,
+            epochs=2,
+            verbose=0,
+            callbacks=[keras_skip.SkipCorrectionCallback()],
+        )
+        assert model.optimizer.averages_performed > 0
+    assert "triggered tf.function retracing" not in caplog.text
