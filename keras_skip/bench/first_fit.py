@@ -31,7 +31,11 @@ import time
 from unittest import mock
 
 from keras_skip.bench import paired
-from keras_skip.bench.options import non_negative_int, positive_int
+from keras_skip.bench.options import (
+    add_first_fit_options,
+    non_negative_int,
+    positive_int,
+)
 from keras_skip.bench.reports.script_tables import first_fit_table
 
 #: The inner optimizers measured, by name.
@@ -158,11 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         description="What tracing costs in a first fit: one step branch "
         "against the condition at every step.",
     )
-    parser.add_argument(
-        "--replicas",
-        type=positive_int,
-        default=4,
-        help="logical CPU devices (default: %(default)s)",
+    add_first_fit_options(
+        parser, rounds=5, rounds_help="rounds of two fresh models each", steps=8
     )
     parser.add_argument(
         "--inner",
@@ -191,19 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         help="the optimizer's overlap: local steps an average runs beside, "
         "0 for none (default: %(default)s)",
     )
-    parser.add_argument(
-        "--rounds",
-        type=positive_int,
-        default=5,
-        help="rounds of two fresh models each (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--steps",
-        type=positive_int,
-        default=8,
-        help="steps of each first fit (default: %(default)s)",
-    )
-    parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
     from keras_skip.bench.workers import devices

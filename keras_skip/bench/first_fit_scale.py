@@ -32,7 +32,7 @@ import statistics
 import time
 
 from keras_skip.bench import paired
-from keras_skip.bench.options import positive_int
+from keras_skip.bench.options import add_first_fit_options, positive_int
 from keras_skip.bench.reports.script_tables import first_fit_scale_table
 
 #: The variants, in the order of the first round.
@@ -139,11 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         description="What a first fit costs against Keras' own as the model's "
         "variables grow.",
     )
-    parser.add_argument(
-        "--replicas",
-        type=positive_int,
-        default=4,
-        help="logical CPU devices (default: %(default)s)",
+    add_first_fit_options(
+        parser, rounds=3, rounds_help="rounds of three fresh models each", steps=32
     )
     parser.add_argument(
         "--layers",
@@ -158,19 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         default=64,
         help="units of each hidden layer (default: %(default)s)",
     )
-    parser.add_argument(
-        "--rounds",
-        type=positive_int,
-        default=3,
-        help="rounds of three fresh models each (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--steps",
-        type=positive_int,
-        default=32,
-        help="steps of each first fit (default: %(default)s)",
-    )
-    parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
     from keras_skip.bench.workers import devices

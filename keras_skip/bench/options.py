@@ -103,6 +103,32 @@ def latency(text: str) -> str:
         ) from error
 
 
+def add_first_fit_options(
+    parser: argparse.ArgumentParser, *, rounds: int, rounds_help: str, steps: int
+) -> None:
+    """The options the first-fit benchmarks share: replicas, paired rounds,
+    steps of each fit and the file of the rows."""
+    parser.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=4,
+        help="logical CPU devices (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=rounds,
+        help=f"{rounds_help} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        default=steps,
+        help="steps of each first fit (default: %(default)s)",
+    )
+    parser.add_argument("--json", help="also write the rows to this file")
+
+
 def add_link_options(
     parser: argparse.ArgumentParser, *, epochs: int, epochs_help: str
 ) -> None:
