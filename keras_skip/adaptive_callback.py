@@ -68,8 +68,8 @@ class AdaptiveIntervalCallback(SkipCorrectionCallback):
             hide, up to their own time. 0.5 was fitted on worker processes
             sharing 2 CPU cores, where the all-reduce competes with the
             steps for the cores; devices whose all-reduce does not slow
-            their compute hide more (up to 1). 0 decides as without
-            overlap.
+            their compute likely hide more (not measured here; up to 1).
+            0 decides as without overlap.
         verbose: 0 or 1 (default): print the decision.
 
     Attributes:

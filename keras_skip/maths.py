@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import NamedTuple
@@ -254,7 +255,7 @@ def average_due(local_steps: int, interval: int) -> bool:
 #: beside it hide, fitted on the committed benchmark runs (worker processes
 #: sharing 2 CPU cores, where the all-reduce competes with the steps for the
 #: cores; ``docs/planner.md``). Devices whose all-reduce does not compete
-#: with their compute hide more, up to 1.
+#: with their compute likely hide more (not measured here), up to 1.
 OVERLAP_SHARE = 0.5
 
 
@@ -361,7 +362,11 @@ def adaptive_interval(
             raise ValueError(
                 f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
             )
-    if not 0 <= overlap_share <= 1:
+    if (
+        isinstance(overlap_share, bool)
+        or not isinstance(overlap_share, numbers.Real)
+        or not 0 <= overlap_share <= 1
+    ):
         raise ValueError(
             "`overlap_share` must be a share of the wire time, in [0, 1]. "
             f"Received: overlap_share={overlap_share!r}"

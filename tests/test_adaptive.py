@@ -243,6 +243,7 @@ def test_decide_counts_what_overlap_hides():
         ({"t_comm": 1.0, "t_comp": 1.0, "overlap": -1}, "`overlap` must be an"),
         ({"t_comm": 1.0, "t_comp": 1.0, "fragments": 0}, "`fragments` must be an"),
         ({"t_comm": 1.0, "t_comp": 1.0, "overlap_share": 1.5}, r"overlap_share=1\.5"),
+        ({"t_comm": 1.0, "t_comp": 1.0, "overlap_share": "half"}, "'half'"),
         (
             {"t_comm": 1.0, "t_comp": 1.0, "steps_per_execution": 0},
             "steps_per_execution",

@@ -307,6 +307,36 @@ def test_choose_interval_in_a_custom_loop_and_keep_it_after_a_restore(tmp_path):
     assert restored.interval == decision.interval
 
 
+@pytest.mark.parametrize("overlap", [True, 3], ids=["one-step", "delayed"])
+def test_choose_interval_counts_only_the_step_an_overlapped_average_hides(overlap):
+    """Averages of 0.3 s and steps of about 30 ms (the loop sleeps; the probe
+    times the host). `overlap=True` hides all of one step's time (share 1):
+    the interval is exactly one step shorter than without overlap. A delayed
+    average runs after its execution in a custom loop and hides nothing."""
+    import time
+
+    strategy = mirrored(2)
+    model, optimizer = linear_model(
+        strategy, lambda: keras.optimizers.SGD(0.05), interval=7, overlap=overlap
+    )
+    internals.delay_averages(optimizer, 0.3)
+    step = make_step(strategy, model, optimizer, "compute_average_loss")
+    batches = iter(dataset(strategy, repeat=True))
+    optimizer.interval = 1
+    step(next(batches))
+
+    def run_local_steps():
+        time.sleep(0.03)
+        step(next(batches))
+
+    decision = keras_skip.choose_interval(
+        optimizer, run_local_steps, steps=1, overlap_share=1.0
+    )
+    blocking = maths.adaptive_interval(decision.t_comm, decision.t_comp)
+    assert blocking > 2
+    assert decision.interval == (blocking - 1 if overlap is True else blocking)
+
+
 def test_choose_interval_needs_a_built_optimizer():
     optimizer = keras_skip.SkipCorrectionOptimizer(keras.optimizers.SGD(0.05))
     with pytest.raises(ValueError, match="run one training step first"):
